@@ -1,0 +1,39 @@
+#pragma once
+
+// Byte accounting of what LibTorch allocates on a device, the counterpart of
+// torch.cuda.memory_allocated / max_memory_allocated / reset_peak_memory_stats.
+//
+// On the CPU, accounting starts with the first call to any function here: stowage then
+// wraps c10's CPU allocator, so only allocations made after that point are counted.
+// Host staging buffers from memory::allocate_host (pinned, shared or plain) are not
+// CPU-allocator allocations and are counted apart, in host_buffer_stats(): on a
+// CPU-only build this keeps "device" memory (the tensors a model computes with) and
+// host staging memory distinguishable.
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+
+namespace stowage::memory {
+
+struct MemoryStats {
+  int64_t current_bytes = 0;     // live bytes now
+  int64_t peak_bytes = 0;        // most live bytes since the last reset_peak
+  int64_t allocations = 0;       // allocation calls since accounting started
+  int64_t allocated_bytes = 0;   // bytes requested since accounting started
+};
+
+// Starts CPU accounting if it has not started. Thread-safe and idempotent.
+void enable_accounting();
+
+MemoryStats memory_stats(c10::Device device = c10::kCPU);
+inline int64_t memory_allocated(c10::Device device = c10::kCPU) {
+  return memory_stats(device).current_bytes;
+}
+inline int64_t max_memory_allocated(c10::Device device = c10::kCPU) {
+  return memory_stats(device).peak_bytes;
+}
+// Sets the peak to the current value.
+void reset_peak_memory_stats(c10::Device device = c10::kCPU);
+
+}  // namespace stowage::memory

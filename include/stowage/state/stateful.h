@@ -1,0 +1,77 @@
+#pragma once
+
+// Objects that can save and restore themselves through a StateDict, like Python's
+// torch.distributed.checkpoint.stateful.Stateful, and adapters for LibTorch's modules
+// and optimizers.
+//
+// A Stateful can stand as a top-level value of a state dict passed to stowage::dcp's
+// save/load: wrap it with as_ivalue(). The checkpoint functions call state_dict() on the
+// caller's thread before staging, and load_state_dict() after loading.
+
+#include <stowage/state/state_dict.h>
+
+#include <ATen/core/ivalue.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <memory>
+
+namespace torch {
+namespace nn {
+class Module;
+}
+namespace optim {
+class Optimizer;
+}
+}  // namespace torch
+
+namespace stowage {
+
+// Derives from CustomClassHolder so that an IValue capsule can carry it.
+class Stateful : public torch::CustomClassHolder {
+ public:
+  ~Stateful() override = default;
+  // The object's state. Tensors may alias the live object (no copy is promised).
+  virtual StateDict state_dict() = 0;
+  // Restores from a state dict shaped like state_dict()'s. Validates everything before
+  // changing anything: on an exception the object is unchanged.
+  virtual void load_state_dict(const StateDict& state) = 0;
+};
+
+// Wraps a Stateful as a value that can be inserted into a StateDict.
+c10::IValue as_ivalue(c10::intrusive_ptr<Stateful> object);
+// The Stateful inside `value`, or nullptr if `value` holds none.
+c10::intrusive_ptr<Stateful> as_stateful(const c10::IValue& value);
+
+// A module's parameters and buffers by dotted name ("layers.0.weight"), like PyTorch's
+// Module.state_dict(). Tensors alias the module's (detached). load_state_dict is strict:
+// missing or unexpected keys, shape or dtype mismatches are errors.
+class ModuleState final : public Stateful {
+ public:
+  explicit ModuleState(std::shared_ptr<torch::nn::Module> module);
+  StateDict state_dict() override;
+  void load_state_dict(const StateDict& state) override;
+
+ private:
+  std::shared_ptr<torch::nn::Module> module_;
+};
+
+// An optimizer's state in PyTorch's layout, with string keys:
+//   {"state": {"<i>": {"step": int, "exp_avg": T, ...}},
+//    "param_groups": [{"lr": ..., <every option>, "params": [i, ...]}]}
+// where i numbers the parameters across groups in order. Supports torch::optim::Adam,
+// AdamW and SGD; other types are rejected by name. Tensors alias the optimizer's state.
+// load_state_dict copies tensors onto each parameter's device and dtype.
+class OptimizerState final : public Stateful {
+ public:
+  explicit OptimizerState(std::shared_ptr<torch::optim::Optimizer> optimizer);
+  StateDict state_dict() override;
+  void load_state_dict(const StateDict& state) override;
+
+ private:
+  std::shared_ptr<torch::optim::Optimizer> optimizer_;
+};
+
+c10::IValue as_ivalue(std::shared_ptr<torch::nn::Module> module);
+c10::IValue as_ivalue(std::shared_ptr<torch::optim::Optimizer> optimizer);
+
+}  // namespace stowage

@@ -1,0 +1,123 @@
+#include <stowage/error.h>
+#include <stowage/memory/accounting.h>
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <fmt/format.h>
+
+#include <atomic>
+#include <mutex>
+
+#if defined(STOWAGE_WITH_CUDA)
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace stowage::memory {
+namespace {
+
+// Wraps c10's CPU allocator. Each allocation carries a header holding its size, so
+// that both DataPtr deleters and raw_deallocate can account for the free.
+class TrackingAllocator final : public c10::Allocator {
+ public:
+  explicit TrackingAllocator(c10::Allocator* inner) : inner_(inner) {}
+
+  c10::DataPtr allocate(size_t nbytes) const override {
+    void* data = allocate_raw(nbytes);
+    return {data, data, &TrackingAllocator::deallocate_raw, c10::Device(c10::kCPU)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &TrackingAllocator::deallocate_raw; }
+
+  MemoryStats stats() const {
+    return {current_.load(), peak_.load(), allocations_.load(), allocated_.load()};
+  }
+  void reset_peak() { peak_.store(current_.load()); }
+
+ private:
+  // 64 bytes keeps the alignment c10's allocator guarantees (gAlignment).
+  static constexpr size_t kHeader = 64;
+  struct Header {
+    size_t nbytes;
+    TrackingAllocator* owner;
+  };
+
+  void* allocate_raw(size_t nbytes) const {
+    void* base = inner_->raw_allocate(nbytes + kHeader);
+    auto* header = static_cast<Header*>(base);
+    header->nbytes = nbytes;
+    header->owner = const_cast<TrackingAllocator*>(this);
+    const int64_t now = current_.fetch_add(static_cast<int64_t>(nbytes)) + static_cast<int64_t>(nbytes);
+    int64_t peak = peak_.load();
+    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+    }
+    allocations_.fetch_add(1);
+    allocated_.fetch_add(static_cast<int64_t>(nbytes));
+    return static_cast<char*>(base) + kHeader;
+  }
+
+  static void deallocate_raw(void* data) {
+    if (data == nullptr) {
+      return;
+    }
+    void* base = static_cast<char*>(data) - kHeader;
+    const auto* header = static_cast<Header*>(base);
+    TrackingAllocator* owner = header->owner;
+    owner->current_.fetch_sub(static_cast<int64_t>(header->nbytes));
+    owner->inner_->raw_deallocate(base);
+  }
+
+  c10::Allocator* inner_;
+  mutable std::atomic<int64_t> current_{0};
+  mutable std::atomic<int64_t> peak_{0};
+  mutable std::atomic<int64_t> allocations_{0};
+  mutable std::atomic<int64_t> allocated_{0};
+};
+
+TrackingAllocator& cpu_tracker() {
+  // Never destroyed: tensors freed during static destruction still reach it.
+  static TrackingAllocator* tracker = [] {
+    auto* t = new TrackingAllocator(c10::GetCPUAllocator());
+    c10::SetCPUAllocator(t, /*priority=*/1);
+    return t;
+  }();
+  return *tracker;
+}
+
+[[noreturn]] void unsupported(c10::Device device) {
+  throw InvalidArgument(fmt::format("memory accounting is not available for device {} in this build",
+                                    device.str()));
+}
+
+}  // namespace
+
+void enable_accounting() { cpu_tracker(); }
+
+MemoryStats memory_stats(c10::Device device) {
+  if (device.is_cpu()) {
+    return cpu_tracker().stats();
+  }
+#if defined(STOWAGE_WITH_CUDA)
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
+    const auto& bytes = stats.allocated_bytes[0];  // StatType::AGGREGATE
+    return {bytes.current, bytes.peak, stats.allocation[0].allocated, bytes.allocated};
+  }
+#endif
+  unsupported(device);
+}
+
+void reset_peak_memory_stats(c10::Device device) {
+  if (device.is_cpu()) {
+    cpu_tracker().reset_peak();
+    return;
+  }
+#if defined(STOWAGE_WITH_CUDA)
+  if (device.is_cuda()) {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device.index() < 0 ? 0 : device.index());
+    return;
+  }
+#endif
+  unsupported(device);
+}
+
+}  // namespace stowage::memory

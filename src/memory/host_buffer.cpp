@@ -1,0 +1,122 @@
+#include <stowage/error.h>
+#include <stowage/memory/host_buffer.h>
+
+#include <ATen/ATen.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/util/irange.h>
+#include <fmt/format.h>
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#if defined(STOWAGE_WITH_CUDA)
+#include <cuda_runtime_api.h>
+#endif
+
+namespace stowage::memory {
+namespace {
+
+std::atomic<int64_t> g_current{0};
+std::atomic<int64_t> g_peak{0};
+std::atomic<int64_t> g_pinned{0};
+std::atomic<int64_t> g_shared{0};
+
+void account(int64_t delta, bool pinned, bool shared) {
+  const int64_t now = g_current.fetch_add(delta) + delta;
+  if (pinned) g_pinned.fetch_add(delta);
+  if (shared) g_shared.fetch_add(delta);
+  int64_t peak = g_peak.load();
+  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
+  }
+}
+
+bool pin(void* data, size_t nbytes) {
+#if defined(STOWAGE_WITH_CUDA)
+  return cudaHostRegister(data, nbytes, cudaHostRegisterPortable) == cudaSuccess;
+#else
+  (void)data;
+  (void)nbytes;
+  return false;
+#endif
+}
+
+void unpin(void* data) {
+#if defined(STOWAGE_WITH_CUDA)
+  cudaHostUnregister(data);
+#else
+  (void)data;
+#endif
+}
+
+}  // namespace
+
+bool can_pin_memory() {
+#if defined(STOWAGE_WITH_CUDA)
+  return at::detail::getCUDAHooks().hasCUDA();
+#else
+  return false;
+#endif
+}
+
+bool is_pinned(const at::Tensor& tensor) {
+  return tensor.defined() && tensor.is_cpu() && tensor.is_pinned();
+}
+
+at::Tensor allocate_host(c10::IntArrayRef sizes, c10::ScalarType dtype, HostAllocOptions options) {
+  int64_t numel = 1;
+  for (const int64_t size : sizes) {
+    if (size < 0) {
+      throw InvalidArgument(fmt::format("allocate_host: negative size in [{}]", fmt::join(sizes, ", ")));
+    }
+    numel *= size;
+  }
+  const auto tensor_options = at::TensorOptions().dtype(dtype).device(c10::kCPU);
+  const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  if (nbytes == 0) {
+    return at::empty(sizes, tensor_options);
+  }
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t mapped = (nbytes + page - 1) / page * page;
+
+  int fd = -1;
+  void* data = MAP_FAILED;
+  if (options.share_memory) {
+    fd = memfd_create("stowage-host-buffer", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, static_cast<off_t>(mapped)) != 0) {
+      const int err = errno;
+      if (fd >= 0) close(fd);
+      throw Error(fmt::format("allocate_host: cannot create {} bytes of shared memory: {}", mapped,
+                              std::strerror(err)));
+    }
+    data = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  } else {
+    data = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  }
+  if (data == MAP_FAILED) {
+    const int err = errno;
+    if (fd >= 0) close(fd);
+    throw Error(fmt::format("allocate_host: cannot map {} bytes: {}", mapped, std::strerror(err)));
+  }
+  const bool pinned = options.pin_memory && can_pin_memory() && pin(data, mapped);
+  const bool shared = fd >= 0;
+  account(static_cast<int64_t>(mapped), pinned, shared);
+  auto release = [mapped, fd, pinned, shared](void* ptr) {
+    if (pinned) unpin(ptr);
+    munmap(ptr, mapped);
+    if (fd >= 0) close(fd);
+    account(-static_cast<int64_t>(mapped), pinned, shared);
+  };
+  return at::from_blob(data, sizes, release, tensor_options);
+}
+
+HostBufferStats host_buffer_stats() {
+  return {g_current.load(), g_peak.load(), g_pinned.load(), g_shared.load()};
+}
+
+void reset_peak_host_buffer_stats() { g_peak.store(g_current.load()); }
+
+}  // namespace stowage::memory

@@ -1,0 +1,109 @@
+#include <stowage/error.h>
+#include <stowage/memory/host_buffer.h>
+#include <stowage/state/copy.h>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+namespace stowage {
+namespace {
+
+const char* leaf_kind(const c10::IValue& value) {
+  return value.tagKind().c_str();
+}
+
+std::string describe_tensor(const at::Tensor& t) {
+  return fmt::format("{} {}", c10::toString(t.scalar_type()), fmt::join(t.sizes(), "x"));
+}
+
+// Containers have reference semantics, so this edits dst's nested dicts and lists in place.
+void replace_leaf(StateDict& dst, const ObjectPath& path, const c10::IValue& value) {
+  c10::IValue parent = dst.at(std::get<std::string>(path.front()));
+  if (path.size() == 1) {
+    dst.insert_or_assign(std::get<std::string>(path.front()), value);
+    return;
+  }
+  for (size_t i = 1; i + 1 < path.size(); ++i) {
+    parent = parent.isGenericDict() ? parent.toGenericDict().at(std::get<std::string>(path[i]))
+                                    : parent.toList().get(std::get<int64_t>(path[i]));
+  }
+  const PathElement& last = path.back();
+  if (parent.isGenericDict()) {
+    parent.toGenericDict().insert_or_assign(std::get<std::string>(last), value);
+  } else {
+    parent.toList().set(std::get<int64_t>(last), value);
+  }
+}
+
+}  // namespace
+
+StateDict create_cpu_state_dict(const StateDict& state, CpuStateDictOptions options) {
+  FlatStateDict flat = flatten_state_dict(state);
+  FlatStateDict staged;
+  const memory::HostAllocOptions alloc{options.pin_memory, options.share_memory};
+  for (const FlatEntry& entry : flat.entries()) {
+    c10::IValue value = entry.value;
+    if (value.isTensor()) {
+      const at::Tensor& source = value.toTensor();
+      if (!source.defined()) {
+        throw InvalidArgument(fmt::format("state dict entry '{}' is an undefined tensor", entry.fqn));
+      }
+      value = memory::allocate_host(source.sizes(), source.scalar_type(), alloc);
+    }
+    staged.add(FlatEntry{entry.fqn, entry.path, std::move(value)});
+  }
+  return unflatten_state_dict(staged);
+}
+
+void copy_state_dict(const StateDict& src, StateDict& dst, bool non_blocking, bool type_check) {
+  const FlatStateDict from = flatten_state_dict(src);
+  const FlatStateDict to = flatten_state_dict(dst);
+  // Validate everything first, so that a mismatch leaves dst untouched.
+  for (const FlatEntry& entry : to.entries()) {
+    if (!from.contains(entry.fqn)) {
+      throw InvalidArgument(fmt::format("copy_state_dict: destination entry '{}' is missing from the source",
+                                        entry.fqn));
+    }
+  }
+  for (const FlatEntry& entry : from.entries()) {
+    const FlatEntry* target = to.find(entry.fqn);
+    if (target == nullptr) {
+      throw InvalidArgument(fmt::format("copy_state_dict: source entry '{}' is missing from the destination",
+                                        entry.fqn));
+    }
+    if (entry.path != target->path) {
+      throw InvalidArgument(fmt::format(
+          "copy_state_dict: entry '{}' has a different structure in source and destination", entry.fqn));
+    }
+    const bool src_tensor = entry.value.isTensor();
+    const bool dst_tensor = target->value.isTensor();
+    if (src_tensor != dst_tensor) {
+      throw InvalidArgument(fmt::format("copy_state_dict: entry '{}' is a {} in the source but a {} in the destination",
+                                        entry.fqn, leaf_kind(entry.value), leaf_kind(target->value)));
+    }
+    if (src_tensor) {
+      const at::Tensor& s = entry.value.toTensor();
+      const at::Tensor& d = target->value.toTensor();
+      if (!s.defined() || !d.defined()) {
+        throw InvalidArgument(fmt::format("copy_state_dict: entry '{}' is an undefined tensor", entry.fqn));
+      }
+      if (s.sizes() != d.sizes() || s.scalar_type() != d.scalar_type()) {
+        throw InvalidArgument(fmt::format("copy_state_dict: entry '{}' is {} in the source but {} in the destination",
+                                          entry.fqn, describe_tensor(s), describe_tensor(d)));
+      }
+    } else if (type_check && entry.value.tagKind() != target->value.tagKind()) {
+      throw InvalidArgument(fmt::format("copy_state_dict: entry '{}' is a {} in the source but a {} in the destination",
+                                        entry.fqn, leaf_kind(entry.value), leaf_kind(target->value)));
+    }
+  }
+  for (const FlatEntry& entry : from.entries()) {
+    if (entry.value.isTensor()) {
+      at::Tensor d = to.at(entry.fqn).value.toTensor();
+      d.copy_(entry.value.toTensor(), non_blocking);
+    } else {
+      replace_leaf(dst, entry.path, entry.value);
+    }
+  }
+}
+
+}  // namespace stowage

@@ -1,0 +1,65 @@
+#include <stowage/memory/accounting.h>
+#include <stowage/memory/host_buffer.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <thread>
+
+namespace stowage::memory {
+namespace {
+
+TEST(Accounting, CountsAKnownAllocationAndItsRelease) {
+  enable_accounting();
+  const int64_t before = memory_allocated();
+  reset_peak_memory_stats();
+  {
+    auto t = torch::empty({1024, 1024}, torch::kFloat);  // 4 MiB
+    EXPECT_EQ(memory_allocated() - before, 4 << 20);
+  }
+  EXPECT_EQ(memory_allocated(), before);
+  EXPECT_GE(max_memory_allocated() - before, 4 << 20);
+  reset_peak_memory_stats();
+  EXPECT_EQ(max_memory_allocated(), memory_allocated());
+}
+
+TEST(Accounting, PeakTracksTheHighestPointAcrossThreads) {
+  enable_accounting();
+  reset_peak_memory_stats();
+  const int64_t base = memory_allocated();
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([] {
+      for (int j = 0; j < 50; ++j) {
+        auto t = torch::ones({256, 256});
+        (void)t.sum();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(memory_allocated(), base);
+  EXPECT_GE(max_memory_allocated() - base, 256 * 256 * 4);
+}
+
+TEST(HostBuffer, ExactSizeAndCountedApartFromTheAllocator) {
+  enable_accounting();
+  const int64_t allocator_before = memory_allocated();
+  const int64_t host_before = host_buffer_stats().current_bytes;
+  {
+    auto t = allocate_host({1000, 1000}, torch::kFloat);
+    t.fill_(2);
+    EXPECT_EQ(t.sum().item<double>(), 2e6);
+    const int64_t page = sysconf(_SC_PAGESIZE);
+    const int64_t expected = (4'000'000 + page - 1) / page * page;  // page-rounded, not a power of two
+    EXPECT_EQ(host_buffer_stats().current_bytes - host_before, expected);
+    EXPECT_EQ(memory_allocated(), allocator_before);
+  }
+  EXPECT_EQ(host_buffer_stats().current_bytes, host_before);
+}
+
+TEST(HostBuffer, UnavailableDeviceAccountingIsAClearError) {
+  EXPECT_THROW(memory_stats(c10::Device(c10::kXLA, 0)), std::exception);
+}
+
+}  // namespace
+}  // namespace stowage::memory

@@ -1,0 +1,10 @@
+#include "commands.h"
+
+namespace stowage::cli {
+
+void add_bench_command(CLI::App& app) {
+  CLI::App* bench = app.add_subcommand("bench", "Run a benchmark and print its figures");
+  bench->require_subcommand(1);
+}
+
+}  // namespace stowage::cli

@@ -1,0 +1,13 @@
+#pragma once
+
+// Each subcommand of the stowage tool lives in its own file and registers itself here.
+
+#include <CLI/CLI.hpp>
+
+namespace stowage::cli {
+
+void add_demo_command(CLI::App& app);
+// `stowage bench <name>`: every benchmark registers a subcommand of `bench`.
+void add_bench_command(CLI::App& app);
+
+}  // namespace stowage::cli

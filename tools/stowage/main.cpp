@@ -1,0 +1,28 @@
+#include "commands.h"
+
+#include <stowage/error.h>
+#include <stowage/version.h>
+
+#include <c10/util/Exception.h>
+
+#include <iostream>
+
+int main(int argc, char** argv) {
+  CLI::App app{"stowage: train models larger than device memory, checkpoint without stalling"};
+  app.set_version_flag("--version", std::string("stowage ") + STOWAGE_VERSION);
+  app.require_subcommand(1);
+  stowage::cli::add_demo_command(app);
+  stowage::cli::add_bench_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const stowage::Error& e) {
+    std::cerr << "stowage: " << e.what() << "\n";
+    return 1;
+  } catch (const c10::Error& e) {
+    std::cerr << "stowage: " << e.what_without_backtrace() << "\n";
+    return 1;
+  }
+  return 0;
+}
