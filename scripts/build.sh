@@ -12,6 +12,7 @@ bash "$root/scripts/setup.sh"
 launcher=()
 if command -v ccache >/dev/null; then
   export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
+  export CCACHE_BASEDIR="$root"
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 fi
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE="${STOWAGE_BUILD_TYPE:-Release}" "${launcher[@]}" "$@"
