@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("stowage ") + STOWAGE_VERSION);
   app.require_subcommand(1);
   stowage::cli::add_demo_command(app);
+  stowage::cli::add_launch_command(app);
   stowage::cli::add_bench_command(app);
   try {
     app.parse(argc, argv);

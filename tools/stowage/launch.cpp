@@ -1,0 +1,129 @@
+// `stowage launch --nproc N -- <command>`: runs N local copies of a command with the
+// environment torchrun gives each rank (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+// MASTER_ADDR, MASTER_PORT), so multi-process jobs run without Python.
+//
+// Like torchrun, the first rank to fail brings the others down: they get SIGTERM, then
+// SIGKILL after a grace period, and launch exits with the failed rank's status.
+#include "commands.h"
+
+#include <stowage/error.h>
+
+#include <fmt/format.h>
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+namespace stowage::cli {
+namespace {
+
+// A port the kernel reports free now; rank 0's TCPStore binds it moments later.
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw Error("launch: cannot open a socket to find a free port");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(fd);
+    throw Error("launch: cannot find a free port");
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+int exit_status(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+int launch(int nproc, int port, std::chrono::seconds grace, const std::vector<std::string>& command) {
+  if (command.empty()) throw InvalidArgument("launch: no command given after --");
+  if (port == 0) port = free_port();
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < nproc; ++rank) {
+    const pid_t pid = fork();
+    if (pid < 0) throw Error("launch: fork failed");
+    if (pid == 0) {
+      setenv("RANK", std::to_string(rank).c_str(), 1);
+      setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+      setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      std::vector<char*> argv;
+      for (const auto& arg : command) argv.push_back(const_cast<char*>(arg.c_str()));
+      argv.push_back(nullptr);
+      execvp(argv[0], argv.data());
+      fmt::print(stderr, "launch: cannot run '{}'\n", command[0]);
+      _exit(127);
+    }
+    children.push_back(pid);
+  }
+  int result = 0;
+  size_t running = children.size();
+  bool stopping = false;
+  std::chrono::steady_clock::time_point kill_at;
+  while (running > 0) {
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, stopping ? WNOHANG : 0);
+    if (pid > 0) {
+      --running;
+      const int code = exit_status(status);
+      for (size_t rank = 0; rank < children.size(); ++rank) {
+        if (children[rank] != pid) continue;
+        children[rank] = -1;
+        if (code != 0 && !stopping) {
+          fmt::print(stderr, "launch: rank {} exited with status {}; stopping the other ranks\n", rank, code);
+          result = code;
+          stopping = true;
+          kill_at = std::chrono::steady_clock::now() + grace;
+          for (const pid_t other : children) {
+            if (other > 0) kill(other, SIGTERM);
+          }
+        }
+      }
+    } else if (stopping) {
+      if (std::chrono::steady_clock::now() >= kill_at) {
+        for (const pid_t other : children) {
+          if (other > 0) kill(other, SIGKILL);
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  return result;
+}
+
+}  // namespace
+
+void add_launch_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("launch", "Run N local ranks of a command with torchrun's environment");
+  struct Options {
+    int nproc = 1;
+    int port = 0;
+    int grace_s = 10;
+    std::vector<std::string> command;
+  };
+  auto options = std::make_shared<Options>();
+  cmd->add_option("--nproc", options->nproc, "number of ranks")->check(CLI::Range(1, 1024));
+  cmd->add_option("--master-port", options->port, "rendezvous port (default: a free one)")->check(CLI::Range(0, 65535));
+  cmd->add_option("--grace", options->grace_s, "seconds between SIGTERM and SIGKILL for the other ranks after a failure");
+  cmd->add_option("command", options->command, "the command to run, after --")->required();
+  cmd->callback([options] {
+    const int code = launch(options->nproc, options->port, std::chrono::seconds(options->grace_s), options->command);
+    if (code != 0) throw CLI::RuntimeError(code);
+  });
+}
+
+}  // namespace stowage::cli
