@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   stowage::cli::add_demo_command(app);
   stowage::cli::add_launch_command(app);
+  stowage::cli::add_train_command(app);
   stowage::cli::add_bench_command(app);
   try {
     app.parse(argc, argv);
