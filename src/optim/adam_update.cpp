@@ -56,10 +56,13 @@ void adam_update(const at::Tensor& param, const at::Tensor& grad_in, const at::T
     }
     at::Tensor running_max = max_exp_avg_sq;
     at::max_out(running_max, exp_avg_sq, max_exp_avg_sq);
-    denom = (max_exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(hyper.eps);
+    denom = max_exp_avg_sq.sqrt();
   } else {
-    denom = (exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(hyper.eps);
+    denom = exp_avg_sq.sqrt();
   }
+  // LibTorch writes (sqrt / c).add_(eps) with a second temporary; dividing in place
+  // computes the same values and keeps the update's extra memory to one tensor.
+  denom.div_(std::sqrt(bias_correction2)).add_(hyper.eps);
   const auto step_size = hyper.lr / bias_correction1;
   param.addcdiv_(exp_avg, denom, -step_size);
 }
