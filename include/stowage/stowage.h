@@ -4,7 +4,12 @@
 
 #include <stowage/error.h>
 #include <stowage/memory/accounting.h>
+#include <stowage/memory/copy_engine.h>
 #include <stowage/memory/host_buffer.h>
+#include <stowage/optim/master_adamw.h>
+#include <stowage/optim/partition.h>
+#include <stowage/optim/swap_config.h>
+#include <stowage/optim/swap_optimizer.h>
 #include <stowage/state/copy.h>
 #include <stowage/state/state_dict.h>
 #include <stowage/state/stateful.h>

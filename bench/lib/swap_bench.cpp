@@ -1,0 +1,112 @@
+#include "swap_bench.h"
+
+#include "bench_util.h"
+
+#include <stowage/error.h>
+#include <stowage/memory/accounting.h>
+#include <stowage/optim/swap_optimizer.h>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+
+namespace stowage::bench {
+namespace {
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+// Targets of issue 6: peak <= (2 / swap_times + 0.05) x plain state; step <= 1.5 x plain.
+double peak_limit(const SwapBenchResult& r, int64_t swap_times) {
+  return (2.0 / static_cast<double>(swap_times) + 0.05) * static_cast<double>(r.plain_state_bytes);
+}
+constexpr double kStepLimit = 1.5;
+
+}  // namespace
+
+SwapBenchResult run_swap_bench(const SwapBenchOptions& options) {
+  if (options.params <= 0 || options.tensors <= 0 || options.tensors > options.params || options.steps <= 0) {
+    throw InvalidArgument(fmt::format("bench swap: need 0 < tensors ({}) <= params ({}) and steps ({}) > 0",
+                                      options.tensors, options.params, options.steps));
+  }
+  memory::enable_accounting();
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(0);
+  std::vector<torch::Tensor> params;
+  for (int64_t i = 0; i < options.tensors; ++i) {
+    const int64_t numel = options.params / options.tensors + (i < options.params % options.tensors ? 1 : 0);
+    auto p = torch::rand({numel}).sub_(0.5).requires_grad_();
+    p.mutable_grad() = torch::rand({numel}).sub_(0.5);
+    params.push_back(p);
+  }
+  // Parameters and gradients: everything on the device that is not optimizer state.
+  const int64_t model_bytes = memory::memory_allocated();
+
+  SwapBenchResult result;
+  result.params = options.params;
+  const auto adamw = [&] { return std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-3)); };
+  {
+    auto plain = adamw();
+    plain->step();  // creates the states
+    result.plain_state_bytes = memory::memory_allocated() - model_bytes;
+    std::vector<double> times;
+    for (int s = 0; s < options.steps; ++s) times.push_back(seconds([&] { plain->step(); }));
+    result.plain_step_s = median(times);
+  }
+  for (const int64_t swap_times : options.swap_times) {
+    auto swap = optim::swap_optimizer(adamw(), optim::SwapOptimizerConfig().swap_times(swap_times));
+    swap->step();  // creates the states in host buffers
+    SwapRun run;
+    run.swap_times = swap_times;
+    run.resident_between_steps_bytes = memory::memory_allocated() - model_bytes;
+    std::vector<double> times;
+    for (int s = 0; s < options.steps; ++s) {
+      memory::reset_peak_memory_stats();
+      times.push_back(seconds([&] { swap->step(); }));
+      run.peak_resident_during_step_bytes =
+          std::max(run.peak_resident_during_step_bytes, memory::max_memory_allocated() - model_bytes);
+      run.resident_between_steps_bytes =
+          std::max(run.resident_between_steps_bytes, memory::memory_allocated() - model_bytes);
+    }
+    run.step_s = median(times);
+    result.runs.push_back(run);
+  }
+  return result;
+}
+
+nlohmann::json SwapBenchResult::to_json() const {
+  nlohmann::json runs_json = nlohmann::json::array();
+  for (const SwapRun& run : runs) {
+    runs_json.push_back({{"swap_times", run.swap_times},
+                         {"step_s", run.step_s},
+                         {"resident_between_steps_bytes", run.resident_between_steps_bytes},
+                         {"peak_resident_during_step_bytes", run.peak_resident_during_step_bytes}});
+  }
+  return {{"params", params},
+          {"plain_step_s", plain_step_s},
+          {"plain_state_bytes", plain_state_bytes},
+          {"runs", runs_json}};
+}
+
+std::string SwapBenchResult::to_text() const {
+  std::string out = fmt::format("AdamW on {} fp32 parameters: plain step {:.3f} s, device-resident state {:.1f} MiB\n",
+                                params, plain_step_s, plain_state_bytes / 1048576.0);
+  out += fmt::format("{:>10} {:>9} {:>11} {:>14} {:>15} {:>13}\n", "swap_times", "step_s", "step/plain",
+                     "between (B)", "peak (MiB)", "peak/limit");
+  for (const SwapRun& run : runs) {
+    const double step_ratio = run.step_s / plain_step_s;
+    const double peak_ratio = run.peak_resident_during_step_bytes / peak_limit(*this, run.swap_times);
+    out += fmt::format("{:>10} {:>9.3f} {:>6.2f} ({}) {:>14} {:>15.1f} {:>6.2f} ({})\n", run.swap_times, run.step_s,
+                       step_ratio, step_ratio <= kStepLimit ? "met" : "NOT met", run.resident_between_steps_bytes,
+                       run.peak_resident_during_step_bytes / 1048576.0, peak_ratio, peak_ratio <= 1 ? "met" : "NOT met");
+  }
+  out += fmt::format("targets: step/plain <= {}, peak <= (2/swap_times + 0.05) x plain state, between = 0 (all "
+                     "states swappable)\n",
+                     kStepLimit);
+  return out;
+}
+
+}  // namespace stowage::bench

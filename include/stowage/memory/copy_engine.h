@@ -1,0 +1,100 @@
+#pragma once
+
+// Asynchronous copies between host memory and a device, on two lanes, one per direction,
+// so that uploads, downloads and the compute that runs meanwhile all overlap.
+//
+// Where the device has streams (CUDA and the like), each lane is a stream taken from the
+// device's pool and events are device events; the compute side is the device's current
+// stream. On the CPU, each lane is a worker thread draining a FIFO queue and events are
+// completion markers; the compute side is the calling thread, whose work is done by the
+// time it records an event.
+//
+// Invariants, on every device:
+//  - copies on one lane run one after another, in the order they were enqueued;
+//  - an event recorded on a lane completes once everything enqueued on that lane before it
+//    has completed;
+//  - after wait(lane, event), later work on `lane` starts only once `event` has completed;
+//  - the engine keeps the tensors of a copy alive until the copy has run, and the device
+//    allocator does not hand out a device tensor's memory again while a lane uses it.
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
+#include <c10/util/Optional.h>
+
+#include <cstdint>
+#include <memory>
+
+namespace stowage::memory {
+
+enum class CopyLane { kHostToDevice, kDeviceToHost };
+
+// A point in a lane's (or the compute side's) work. A default-constructed event has
+// already completed.
+class CopyEvent {
+ public:
+  CopyEvent() = default;
+  // True once everything before the event has completed. Does not block.
+  bool query() const;
+
+ private:
+  friend class CopyEngine;
+  struct Marker;                           // CPU lanes
+  std::shared_ptr<Marker> marker_;
+  std::shared_ptr<c10::Event> device_event_;  // stream lanes
+  c10::optional<c10::Stream> stream_;         // where device_event_ was recorded
+};
+
+struct CopyStats {
+  int64_t h2d_copies = 0;
+  int64_t h2d_bytes = 0;
+  int64_t d2h_copies = 0;
+  int64_t d2h_bytes = 0;
+};
+
+class CopyEngine {
+ public:
+  explicit CopyEngine(c10::Device device);
+  // Waits for every enqueued copy; a failure nobody observed is dropped.
+  ~CopyEngine();
+  CopyEngine(const CopyEngine&) = delete;
+  CopyEngine& operator=(const CopyEngine&) = delete;
+
+  c10::Device device() const { return device_; }
+
+  // Enqueues dst.copy_(src) on `lane`. The host side must be a CPU tensor and the device
+  // side a tensor on device(); both must have the same number of elements (dtypes may
+  // differ: the copy casts).
+  void copy(CopyLane lane, const at::Tensor& dst, const at::Tensor& src);
+  // An event that completes after everything enqueued on `lane` so far.
+  CopyEvent record(CopyLane lane);
+  // Work enqueued on `lane` from now on starts after `event`.
+  void wait(CopyLane lane, const CopyEvent& event);
+
+  // An event after the compute work issued so far.
+  CopyEvent record_compute();
+  // Compute work issued from now on starts after `event`. On a device with streams this is
+  // a stream wait and the calling thread goes on; on the CPU the calling thread is the
+  // compute side, so it blocks.
+  void wait_compute(const CopyEvent& event);
+
+  // Blocks the calling thread until `event` has completed. Rethrows the error of a failed
+  // copy that ran before the event on its lane.
+  void synchronize(const CopyEvent& event);
+
+  // Copies enqueued since construction, per direction.
+  CopyStats stats() const;
+
+ private:
+  class Lane;
+  class ThreadLane;
+  class StreamLane;
+  Lane& lane(CopyLane lane);
+
+  c10::Device device_;
+  std::unique_ptr<Lane> h2d_;
+  std::unique_ptr<Lane> d2h_;
+};
+
+}  // namespace stowage::memory

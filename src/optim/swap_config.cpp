@@ -1,0 +1,63 @@
+#include <stowage/error.h>
+#include <stowage/optim/swap_config.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace stowage::optim {
+namespace {
+
+const std::vector<std::string>& supported_keys() {
+  static const std::vector<std::string> keys = {kExpAvg, kExpAvgSq, kMaxExpAvgSq, kMasterParam};
+  return keys;
+}
+
+bool contains(const std::vector<std::string>& keys, const std::string& key) {
+  return std::find(keys.begin(), keys.end(), key) != keys.end();
+}
+
+}  // namespace
+
+void SwapOptimizerConfig::validate() const {
+  if (swap_times_ <= 0) {
+    throw InvalidArgument(fmt::format("SwapOptimizerConfig.swap_times must be positive, got {}.", swap_times_));
+  }
+  if (min_numel_ < 0) {
+    throw InvalidArgument(fmt::format("SwapOptimizerConfig.min_numel must be non-negative, got {}.", min_numel_));
+  }
+  std::vector<std::string> unknown;
+  for (const std::string& key : state_keys_) {
+    if (!contains(supported_keys(), key)) unknown.push_back("'" + key + "'");
+  }
+  if (!unknown.empty()) {
+    throw InvalidArgument(fmt::format(
+        "SwapOptimizerConfig.state_keys only supports Adam/AdamW states ('exp_avg', 'exp_avg_sq', "
+        "'max_exp_avg_sq', 'master_param'), but got [{}].",
+        fmt::join(unknown, ", ")));
+  }
+  for (size_t i = 0; i < state_keys_.size(); ++i) {
+    if (std::count(state_keys_.begin(), state_keys_.end(), state_keys_[i]) > 1) {
+      throw InvalidArgument(fmt::format("SwapOptimizerConfig.state_keys lists '{}' more than once.", state_keys_[i]));
+    }
+  }
+  if (contains(state_keys_, kMasterParam) && !include_master_params_) {
+    throw InvalidArgument(
+        "SwapOptimizerConfig.state_keys lists 'master_param' but include_master_params is false; set "
+        "include_master_params(true) to swap master weights.");
+  }
+}
+
+std::vector<std::string> SwapOptimizerConfig::swapped_keys() const {
+  validate();
+  std::vector<std::string> keys;
+  for (const std::string& key : supported_keys()) {
+    const bool is_master = key == kMasterParam;
+    const bool chosen = state_keys_.empty() ? !is_master || include_master_params_
+                                            : contains(state_keys_, key) || (is_master && include_master_params_);
+    if (chosen) keys.push_back(key);
+  }
+  return keys;
+}
+
+}  // namespace stowage::optim

@@ -1,0 +1,80 @@
+#pragma once
+
+// Types shared by the swap optimizer's translation units.
+
+#include <stowage/optim/swap_optimizer.h>
+
+#include "optim/param_state.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <utility>
+#include <vector>
+
+namespace stowage::optim::detail {
+
+// Host buffer offsets (and the staging arenas' dtype ranges) are multiples of this many
+// bytes, so that every state's host and device views start aligned.
+inline constexpr int64_t kAlignmentBytes = 512;
+
+// One state tensor of a parameter.
+struct UnitSlot {
+  int slot;               // StateSlot
+  at::Tensor* holder;     // the tensor inside the wrapped optimizer's state object
+  bool swapped = false;   // lives in the host layout
+  int64_t host_offset = 0;  // packed mode: element offset in its dtype's host buffer
+};
+
+// A parameter that has optimizer state, with everything step() needs about it.
+struct Unit {
+  int64_t index = 0;   // the parameter's number across groups (its checkpoint id)
+  size_t group = 0;
+  at::Tensor param;
+  bool has_grad = false;
+  ParamStateRef state;
+  std::vector<UnitSlot> slots;
+};
+
+// Where a state's host copy comes from when the host layout is (re)built.
+enum class Source {
+  kZeros,       // a state created for the first step
+  kHostCopy,    // a CPU tensor (the old host layout, a checkpoint), copied on the CPU
+  kDeviceCopy,  // a tensor on the device, downloaded through the copy engine
+};
+
+struct SlotRequest {
+  const c10::TensorImpl* param = nullptr;
+  int slot = 0;
+  at::Tensor* holder = nullptr;
+  std::vector<int64_t> shape;
+  c10::ScalarType dtype = at::kFloat;
+  Source source = Source::kZeros;
+  at::Tensor from;
+  bool in_place = false;  // already this slot's entry of the current host layout
+};
+
+}  // namespace stowage::optim::detail
+
+namespace stowage::optim {
+
+// Where each swapped state lives between steps. Invariant: each entry's holder is its
+// `host` view, and entries are in parameter order, then slot order.
+struct SwapOptimizer::HostLayout {
+  struct Entry {
+    const c10::TensorImpl* param;
+    int slot;
+    at::Tensor host;
+    int64_t offset;  // packed mode: element offset in buffers[dtype]
+  };
+  std::vector<Entry> entries;
+  std::map<std::pair<const c10::TensorImpl*, int>, size_t> index;
+  std::map<c10::ScalarType, at::Tensor> buffers;  // packed mode: one per dtype
+
+  const Entry* find(const c10::TensorImpl* param, int slot) const {
+    const auto it = index.find({param, slot});
+    return it == index.end() ? nullptr : &entries[it->second];
+  }
+};
+
+}  // namespace stowage::optim

@@ -1,0 +1,185 @@
+// The swap optimizer's state dict: round trips, both directions with the plain optimizer,
+// dtype casts, no device copies, and clear errors that change nothing.
+
+#include <stowage/error.h>
+
+#include "optim/swap_test_util.h"
+
+#include <gmock/gmock.h>
+
+namespace stowage::optim {
+namespace {
+
+using testing::clone_params;
+using testing::make_params;
+using testing::set_grads;
+
+const testing::Shapes kShapes = {{3000}, {40, 50}, {100}, {2048}, {64, 33}};
+
+std::shared_ptr<torch::optim::Optimizer> adamw(const std::vector<torch::Tensor>& params) {
+  return std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-2).amsgrad(true));
+}
+
+void train(const std::function<void()>& step, std::vector<torch::Tensor>& params, int from, int to) {
+  for (int s = from; s < to; ++s) {
+    set_grads(params, s);
+    step();
+  }
+}
+
+// A deep copy of a state dict with every state tensor converted to `dtype`.
+StateDict converted(const StateDict& sd, torch::Dtype dtype) {
+  auto per_param = c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& item : sd.at("state").toGenericDict()) {
+    auto entry = c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& field : item.value().toGenericDict()) {
+      entry.insert(field.key(), field.value().isTensor() ? c10::IValue(field.value().toTensor().to(dtype))
+                                                         : field.value());
+    }
+    per_param.insert(item.key(), entry);
+  }
+  StateDict out;
+  out.insert("state", per_param);
+  out.insert("param_groups", sd.at("param_groups"));
+  return out;
+}
+
+class SwapCheckpoint : public ::testing::TestWithParam<bool> {
+ protected:
+  SwapOptimizerConfig config() const { return SwapOptimizerConfig().swap_times(3).packed_swap(GetParam()); }
+};
+
+TEST_P(SwapCheckpoint, RoundTripWithoutDeviceCopies) {
+  auto params = make_params(kShapes);
+  auto swap = swap_optimizer(adamw(params), config());
+  train([&] { swap->step(); }, params, 0, 3);
+
+  const memory::CopyStats before_save = swap->copy_stats();
+  const StateDict saved = swap->state_dict();
+  const memory::CopyStats after_save = swap->copy_stats();
+  EXPECT_EQ(after_save.h2d_copies, before_save.h2d_copies);
+  EXPECT_EQ(after_save.d2h_copies, before_save.d2h_copies);
+  for (const auto& item : saved.at("state").toGenericDict()) {
+    EXPECT_TRUE(item.value().toGenericDict().at("exp_avg").toTensor().is_cpu());
+  }
+
+  auto restored_params = clone_params(params);
+  auto restored = swap_optimizer(adamw(restored_params), config());
+  restored->load_state_dict(saved);
+  EXPECT_EQ(restored->copy_stats().h2d_copies, 0);
+  EXPECT_EQ(restored->copy_stats().d2h_copies, 0);
+  testing::expect_state_dicts_equal(saved, restored->state_dict());
+
+  // Four swapped parameters ({100} is below min_numel) in three batches.
+  set_grads(restored_params, 3);
+  restored->step();
+  EXPECT_EQ(restored->copy_stats().h2d_copies, GetParam() ? 3 : 4 * 3);
+  EXPECT_EQ(restored->copy_stats().d2h_copies, GetParam() ? 3 : 4 * 3);
+
+  set_grads(params, 3);
+  swap->step();
+  train([&] { swap->step(); }, params, 4, 6);
+  train([&] { restored->step(); }, restored_params, 4, 6);
+  testing::expect_params_equal(params, restored_params);
+  testing::expect_state_dicts_equal(swap->state_dict(), restored->state_dict());
+}
+
+TEST_P(SwapCheckpoint, LoadsACheckpointOfThePlainOptimizer) {
+  auto plain_params = make_params(kShapes);
+  auto plain = adamw(plain_params);
+  train([&] { plain->step(); }, plain_params, 0, 3);
+
+  auto swap_params = clone_params(plain_params);
+  auto swap = swap_optimizer(adamw(swap_params), config());
+  swap->load_state_dict(testing::plain_state_dict(plain));
+  train([&] { plain->step(); }, plain_params, 3, 6);
+  train([&] { swap->step(); }, swap_params, 3, 6);
+  testing::expect_params_equal(plain_params, swap_params);
+  testing::expect_state_dicts_equal(testing::plain_state_dict(plain), swap->state_dict());
+}
+
+TEST_P(SwapCheckpoint, ThePlainOptimizerLoadsItsCheckpoint) {
+  auto swap_params = make_params(kShapes);
+  auto swap = swap_optimizer(adamw(swap_params), config());
+  train([&] { swap->step(); }, swap_params, 0, 3);
+
+  auto plain_params = clone_params(swap_params);
+  auto plain = adamw(plain_params);
+  OptimizerState(plain).load_state_dict(swap->state_dict());
+  train([&] { plain->step(); }, plain_params, 3, 6);
+  train([&] { swap->step(); }, swap_params, 3, 6);
+  testing::expect_params_equal(plain_params, swap_params);
+  testing::expect_state_dicts_equal(testing::plain_state_dict(plain), swap->state_dict());
+}
+
+TEST_P(SwapCheckpoint, CastsStatesToTheParameterDtypeOnLoad) {
+  auto params = make_params(kShapes);
+  auto swap = swap_optimizer(adamw(params), config());
+  train([&] { swap->step(); }, params, 0, 2);
+  const StateDict saved = swap->state_dict();
+  const StateDict as_double = converted(saved, torch::kDouble);
+  // deep copies: `saved` aliases the live host buffers
+  const StateDict expected = converted(saved, torch::kFloat);
+
+  auto other = swap_optimizer(adamw(clone_params(params)), config());
+  other->load_state_dict(as_double);
+  testing::expect_state_dicts_equal(expected, other->state_dict());
+}
+
+TEST_P(SwapCheckpoint, ABadCheckpointIsRejectedAndChangesNothing) {
+  auto params = make_params(kShapes);
+  auto swap = swap_optimizer(adamw(params), config());
+  train([&] { swap->step(); }, params, 0, 2);
+  const StateDict before = converted(swap->state_dict(), torch::kFloat);
+
+  auto with_entry = [&](const std::string& id, const std::string& key, c10::IValue value) {
+    StateDict sd = converted(before, torch::kFloat);
+    sd.at("state").toGenericDict().at(id).toGenericDict().insert_or_assign(key, std::move(value));
+    return sd;
+  };
+  auto expect_rejected = [&](const StateDict& sd, const std::string& message) {
+    try {
+      swap->load_state_dict(sd);
+      FAIL() << "expected InvalidArgument containing: " << message;
+    } catch (const InvalidArgument& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr(message));
+    }
+    testing::expect_state_dicts_equal(before, swap->state_dict());
+  };
+  expect_rejected(with_entry("1", "exp_avg", torch::zeros({7})), "state.1.exp_avg: expected a floating-point tensor");
+  expect_rejected(with_entry("0", "momentum_buffer", torch::zeros({3000})),
+                  "state.0: unexpected entry 'momentum_buffer' for torch::optim::AdamW");
+  expect_rejected(with_entry("0", "step", c10::IValue(1.5)), "state.0: 'step' must be an int");
+  StateDict missing = converted(before, torch::kFloat);
+  missing.at("state").toGenericDict().at("3").toGenericDict().erase("max_exp_avg_sq");
+  expect_rejected(missing, "state.3: missing entry 'max_exp_avg_sq'");
+  StateDict bad_id = converted(before, torch::kFloat);
+  bad_id.at("state").toGenericDict().insert("9", bad_id.at("state").toGenericDict().at("0"));
+  expect_rejected(bad_id, "state.9: there are only 5 parameters");
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, SwapCheckpoint, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Packed" : "PerTensor"; });
+
+TEST(SwapCheckpointMasters, MasterWeightsRoundTripAndComeFromTheParameterWhenAbsent) {
+  const SwapOptimizerConfig config = SwapOptimizerConfig().swap_times(2).include_master_params(true);
+  auto params = make_params(kShapes, torch::kBFloat16);
+  auto swap = swap_optimizer(std::make_shared<MasterAdamW>(params), config);
+  train([&] { swap->step(); }, params, 0, 3);
+  const StateDict saved = swap->state_dict();
+  auto restored_params = clone_params(params);
+  auto restored = swap_optimizer(std::make_shared<MasterAdamW>(restored_params), config);
+  restored->load_state_dict(saved);
+  testing::expect_state_dicts_equal(saved, restored->state_dict());
+
+  // A checkpoint without masters (e.g. of a plain AdamW): the masters are the parameters.
+  StateDict without_masters = converted(saved, torch::kFloat);
+  for (const auto& item : without_masters.at("state").toGenericDict()) item.value().toGenericDict().erase("master_param");
+  restored->load_state_dict(without_masters);
+  const auto state = restored->state_dict().at("state").toGenericDict();
+  EXPECT_TRUE(torch::equal(state.at("0").toGenericDict().at("master_param").toTensor(),
+                           restored_params[0].detach().to(torch::kFloat)));
+}
+
+}  // namespace
+}  // namespace stowage::optim

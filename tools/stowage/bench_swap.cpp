@@ -1,0 +1,23 @@
+#include "commands.h"
+
+#include <swap_bench.h>
+
+#include <fmt/format.h>
+
+namespace stowage::cli {
+
+void add_bench_swap(CLI::App& bench) {
+  auto options = std::make_shared<bench::SwapBenchOptions>();
+  auto json = std::make_shared<bool>(false);
+  CLI::App* cmd = bench.add_subcommand("swap", "Optimizer-state swap: plain AdamW vs swap_times 2, 4, 16");
+  cmd->add_option("--params", options->params, "fp32 parameters in all (default 100M)");
+  cmd->add_option("--tensors", options->tensors, "number of parameter tensors (default 50)");
+  cmd->add_option("--steps", options->steps, "timed steps per configuration (default 3)");
+  cmd->add_flag("--json", *json, "print the figures as JSON");
+  cmd->callback([options, json] {
+    const bench::SwapBenchResult result = bench::run_swap_bench(*options);
+    fmt::print("{}\n", *json ? result.to_json().dump(2) : result.to_text());
+  });
+}
+
+}  // namespace stowage::cli
