@@ -102,7 +102,7 @@ void check_recomputation(const CheckpointState& state, const std::vector<c10::IV
         "of outputs when run again on the same inputs",
         outputs.size(), fmt::join(slots, ", "), state.num_outputs, fmt::join(state.tensor_output_slots, ", ")));
   }
-  if (state.options.determinism_check() == DeterminismCheck::None) {
+  if (state.options.determinism_check() == DeterminismCheck::Off) {
     return;
   }
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -111,7 +111,7 @@ void check_recomputation(const CheckpointState& state, const std::vector<c10::IV
       throw CheckpointError(fmt::format(
           "checkpoint: the recomputation of fn in backward gave output {} {}, but the original forward gave {}; "
           "fn is not deterministic in its output metadata (pass "
-          "CheckpointOptions().determinism_check(DeterminismCheck::None) to skip this check)",
+          "CheckpointOptions().determinism_check(DeterminismCheck::Off) to skip this check)",
           slots[i], recomputed.str(), state.tensor_output_meta[i].str()));
     }
   }
@@ -156,6 +156,15 @@ struct CheckpointNode : torch::autograd::Function<CheckpointNode> {
           "checkpoint (reentrant) cannot run under torch::autograd::grad() or a backward() given its `inputs` "
           "argument: the recomputation must back-propagate into every parameter fn uses. Call backward() on the "
           "loss without `inputs` and read the gradients from .grad()");
+    }
+    // The engine runs backward with grad mode on exactly when create_graph was asked
+    // for. The recomputation's gradients would be differentiable only towards the
+    // detached input copies, not the caller's inputs: refuse rather than return
+    // gradients whose own gradients are silently wrong.
+    if (at::GradMode::is_enabled()) {
+      throw CheckpointError(
+          "checkpoint (reentrant) cannot compute gradients of gradients: backward was called with "
+          "create_graph=true through a checkpoint; run that part of the model without checkpoint");
     }
     const variable_list saved = ctx->get_saved_variables();
     const auto state = c10::static_intrusive_pointer_cast<CheckpointState>(ctx->saved_data["state"].toCapsule());

@@ -301,7 +301,7 @@ TEST(Checkpoint, TwoThousandCheckpointsInOneGraph) {
 }
 
 // test_checkpoint_valid / test_checkpoint_valid_reset_on_error.
-TEST(Checkpoint, GradAndBackwardWithInputsAreRejectedAndAutogradKeepsWorking) {
+TEST(Checkpoint, GradBackwardWithInputsAndCreateGraphAreRejectedAndAutogradKeepsWorking) {
   const at::Tensor x = torch::randn({4}).requires_grad_();
   const auto fn = [](const at::Tensor& in) { return in.exp(); };
 
@@ -314,6 +314,15 @@ TEST(Checkpoint, GradAndBackwardWithInputsAreRejectedAndAutogradKeepsWorking) {
   }
   const at::Tensor loss2 = checkpoint(fn, x).sum();
   EXPECT_THROW(torch::autograd::backward({loss2}, {}, c10::nullopt, false, {x}), CheckpointError);
+
+  const at::Tensor loss3 = checkpoint(fn, x).sum();
+  try {
+    loss3.backward({}, /*retain_graph=*/true, /*create_graph=*/true);
+    FAIL() << "gradients of gradients through a reentrant checkpoint must fail";
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("create_graph=true"));
+  }
+  EXPECT_FALSE(x.grad().defined());
 
   checkpoint(fn, x).sum().backward();
   EXPECT_TRUE(torch::equal(x.grad(), x.exp().detach()));
@@ -398,7 +407,7 @@ TEST(Checkpoint, DeterminismCheckDetectsADifferentRecomputation) {
   }
   // With the check off, the gradient still flows (cast back to the output's dtype).
   calls = 0;
-  checkpoint(changes_dtype, x, CheckpointOptions().determinism_check(DeterminismCheck::None)).sum().backward();
+  checkpoint(changes_dtype, x, CheckpointOptions().determinism_check(DeterminismCheck::Off)).sum().backward();
   EXPECT_TRUE(torch::equal(x.grad(), torch::full({4}, 2.0)));
 
   int calls2 = 0;
@@ -408,12 +417,52 @@ TEST(Checkpoint, DeterminismCheckDetectsADifferentRecomputation) {
     }
     return {in[0].toTensor() * 2, in[0].toTensor()};
   };
-  const IValues out = checkpoint(changes_count, {x}, CheckpointOptions().determinism_check(DeterminismCheck::None));
+  const IValues out = checkpoint(changes_count, {x}, CheckpointOptions().determinism_check(DeterminismCheck::Off));
   try {
     out[0].toTensor().sum().backward();
     FAIL() << "a recomputation with another number of outputs must fail even without the determinism check";
   } catch (const CheckpointError& e) {
     EXPECT_THAT(e.what(), HasSubstr("returned 2 outputs"));
+  }
+}
+
+// Nothing the caller had is lost when the recomputation fails: the error surfaces from
+// backward, the RNG stream is as before, and autograd keeps working.
+TEST(Checkpoint, AFailingRecomputationLeavesRngAndAutogradIntact) {
+  const at::Tensor x = torch::randn({8}).requires_grad_();
+  int calls = 0;
+  const at::Tensor y = checkpoint(
+      [&](const at::Tensor& in) {
+        if (++calls == 2) {
+          throw std::runtime_error("fn failed on purpose");
+        }
+        return torch::dropout(in, 0.5, /*train=*/true);
+      },
+      x);
+  const at::Tensor state = cpu_rng_state();
+  try {
+    y.sum().backward();
+    FAIL() << "the recomputation's error must reach the caller";
+  } catch (const std::exception& e) {
+    EXPECT_THAT(e.what(), HasSubstr("fn failed on purpose"));
+  }
+  EXPECT_TRUE(torch::equal(cpu_rng_state(), state));
+  checkpoint([](const at::Tensor& in) { return in * 4; }, x).sum().backward();
+  EXPECT_TRUE(torch::equal(x.grad(), torch::full({8}, 4.0)));
+}
+
+// The saved inputs are version-checked like any saved tensor: modifying one in place
+// after the forward is the usual autograd error, never a silently wrong gradient.
+TEST(Checkpoint, InputModifiedInPlaceAfterForwardIsDetected) {
+  const at::Tensor leaf = torch::randn({4}).requires_grad_();
+  at::Tensor x = leaf * 1;
+  const at::Tensor y = checkpoint([](const at::Tensor& in) { return in.pow(2); }, x);
+  x.add_(1);
+  try {
+    y.sum().backward();
+    FAIL() << "the in-place modification must be detected";
+  } catch (const c10::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("modified by an inplace operation"));
   }
 }
 

@@ -38,9 +38,17 @@
 //     argument, restrict the engine to some graph nodes, which would skip the
 //     parameters fn touches; such a call raises CheckpointError and leaves autograd
 //     usable.
-//   - Gradients of gradients (create_graph) are not computed through a checkpoint.
+//   - Gradients of gradients: backward with create_graph through a checkpoint raises
+//     CheckpointError (the recomputed gradients could not be differentiated towards
+//     the caller's inputs).
 //   - A second backward through the same outputs needs retain_graph, as for any graph;
 //     it recomputes fn again.
+//   - Autocast is not re-entered for the recomputation (LibTorch's C++ autocast
+//     switches differ between 1.x and 2.x); run checkpointed code under autocast only
+//     if fn sets it itself. A dtype difference this causes in fn's outputs is caught
+//     by the determinism check.
+//   - Only the RNG of devices that hold an input tensor is preserved: fn drawing random
+//     numbers on another device is not replayed exactly (as in PyTorch).
 
 #include <stowage/error.h>
 
@@ -61,13 +69,16 @@ class CheckpointError : public Error {
 };
 
 enum class DeterminismCheck {
-  // Compares the number of outputs and each tensor output's shape, dtype and device
-  // between the original forward and the recomputation; a mismatch is a
-  // CheckpointError naming the output.
+  // PyTorch's "default": compares the number of outputs and each tensor output's
+  // shape, dtype and device between the original forward and the recomputation; a
+  // mismatch is a CheckpointError naming the output. (PyTorch's non-reentrant
+  // variant compares the tensors saved for backward; what the reentrant variant can
+  // compare is what fn returns.)
   Default,
-  // No comparison beyond what backward cannot do without (the outputs' count and
-  // kinds must still match).
-  None,
+  // PyTorch's "none": no comparison beyond what backward cannot do without (the
+  // outputs' count and which of them are tensors must still match). Not named None,
+  // which X11's headers define as a macro.
+  Off,
 };
 
 struct CheckpointOptions {
