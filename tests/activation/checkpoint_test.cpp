@@ -271,6 +271,26 @@ TEST(Checkpoint, SeveralOutputsIncludingAnIntegerOne) {
   EXPECT_TRUE(torch::equal(grad, x.grad()));
 }
 
+TEST(Checkpoint, TheSameTensorReturnedTwiceGetsBothGradients) {
+  const at::Tensor x = torch::randn({3}).requires_grad_();
+  const IValues out = checkpoint(
+      [](const IValues& in) -> IValues {
+        const at::Tensor y = in[0].toTensor() * 2;
+        return {y, y};
+      },
+      {x});
+  (out[0].toTensor() * 3 + out[1].toTensor() * 5).sum().backward();
+  EXPECT_TRUE(torch::equal(x.grad(), torch::full({3}, 16.0)));
+}
+
+TEST(Checkpoint, AViewOfTheInputAsOutput) {
+  const at::Tensor x = torch::randn({4, 3}).requires_grad_();
+  const at::Tensor y = checkpoint([](const at::Tensor& in) { return in.narrow(0, 1, 2); }, x);
+  (y * 2).sum().backward();
+  const at::Tensor expected = torch::zeros({4, 3}).index_fill_(0, torch::tensor({1, 2}), 2.0);
+  EXPECT_TRUE(torch::equal(x.grad(), expected));
+}
+
 // test_checkpointing: 2000 checkpoints in one graph.
 TEST(Checkpoint, TwoThousandCheckpointsInOneGraph) {
   torch::manual_seed(2);
