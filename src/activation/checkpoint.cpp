@@ -9,7 +9,9 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
 
+#include <algorithm>
 #include <optional>
+#include <string>
 
 namespace stowage::activation {
 namespace {
