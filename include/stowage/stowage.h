@@ -2,6 +2,9 @@
 
 // The umbrella header: everything stowage offers.
 
+#include <stowage/activation/checkpoint.h>
+#include <stowage/activation/sequential.h>
+#include <stowage/activation/tensor_like.h>
 #include <stowage/error.h>
 #include <stowage/memory/accounting.h>
 #include <stowage/memory/copy_engine.h>

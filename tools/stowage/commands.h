@@ -11,6 +11,7 @@ void add_launch_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 // `stowage bench <name>`: every benchmark registers a subcommand of `bench`.
 void add_bench_command(CLI::App& app);
+void add_bench_activation(CLI::App& bench);
 void add_bench_swap(CLI::App& bench);
 
 }  // namespace stowage::cli

@@ -1,0 +1,274 @@
+#include <stowage/activation/checkpoint.h>
+#include <stowage/activation/tensor_like.h>
+
+#include "activation/rng_state.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+
+namespace stowage::activation {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct TensorMeta {
+  std::vector<int64_t> sizes;
+  at::ScalarType dtype;
+  c10::Device device;
+
+  explicit TensorMeta(const at::Tensor& tensor)
+      : sizes(tensor.sizes().vec()), dtype(tensor.scalar_type()), device(tensor.device()) {}
+  bool operator==(const TensorMeta& other) const {
+    return sizes == other.sizes && dtype == other.dtype && device == other.device;
+  }
+  std::string str() const {
+    return fmt::format("shape [{}], dtype {}, device {}", fmt::join(sizes, ", "), c10::toString(dtype), device.str());
+  }
+};
+
+bool holds_tensor(const c10::IValue& value) {
+  if (value.isTensor()) {
+    return value.toTensor().defined();
+  }
+  if (value.isList()) {
+    for (const c10::IValue& element : value.toListRef()) {
+      if (holds_tensor(element)) {
+        return true;
+      }
+    }
+  } else if (value.isTuple()) {
+    for (const c10::IValue& element : value.toTupleRef().elements()) {
+      if (holds_tensor(element)) {
+        return true;
+      }
+    }
+  } else if (value.isGenericDict()) {
+    for (const auto& entry : value.toGenericDict()) {
+      if (holds_tensor(entry.key()) || holds_tensor(entry.value())) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+// Everything backward needs besides the saved input tensors. Lives in the autograd
+// node (through ctx->saved_data), so it is freed with the graph.
+struct CheckpointState : torch::CustomClassHolder {
+  CheckpointFunction fn;
+  CheckpointOptions options;
+  // fn's inputs with the tensor slots emptied: the tensors are saved in ctx, which
+  // frees them after backward (unless retain_graph) and detects a second backward.
+  std::vector<c10::IValue> inputs;
+  std::vector<size_t> tensor_input_slots;
+  std::optional<RngSnapshot> rng;
+  // What the original forward produced: the number of outputs, which of them are
+  // tensors, and their metadata, for the determinism check.
+  size_t num_outputs = 0;
+  std::vector<size_t> tensor_output_slots;
+  std::vector<TensorMeta> tensor_output_meta;
+};
+
+// Splits fn's outputs into the differentiable tensors and the rest, rejecting a
+// container that hides a tensor from autograd.
+variable_list tensor_outputs(const std::vector<c10::IValue>& outputs, std::vector<size_t>& slots) {
+  variable_list tensors;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (is_tensor_like(outputs[i])) {
+      slots.push_back(i);
+      tensors.push_back(outputs[i].toTensor());
+    } else if (holds_tensor(outputs[i])) {
+      throw InvalidArgument(fmt::format(
+          "checkpoint: output {} of fn is a {} holding tensors; only top-level tensor outputs carry gradients "
+          "through a checkpoint, so return those tensors as separate outputs",
+          i, outputs[i].tagKind()));
+    }
+  }
+  return tensors;
+}
+
+void check_recomputation(const CheckpointState& state, const std::vector<c10::IValue>& outputs,
+                         const std::vector<size_t>& slots, const variable_list& tensors) {
+  if (outputs.size() != state.num_outputs || slots != state.tensor_output_slots) {
+    throw CheckpointError(fmt::format(
+        "checkpoint: the recomputation of fn in backward returned {} outputs with tensors at positions [{}], but "
+        "the original forward returned {} outputs with tensors at positions [{}]; fn must return the same kinds "
+        "of outputs when run again on the same inputs",
+        outputs.size(), fmt::join(slots, ", "), state.num_outputs, fmt::join(state.tensor_output_slots, ", ")));
+  }
+  if (state.options.determinism_check() == DeterminismCheck::Off) {
+    return;
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorMeta recomputed(tensors[i]);
+    if (!(recomputed == state.tensor_output_meta[i])) {
+      throw CheckpointError(fmt::format(
+          "checkpoint: the recomputation of fn in backward gave output {} {}, but the original forward gave {}; "
+          "fn is not deterministic in its output metadata (pass "
+          "CheckpointOptions().determinism_check(DeterminismCheck::Off) to skip this check)",
+          slots[i], recomputed.str(), state.tensor_output_meta[i].str()));
+    }
+  }
+}
+
+// The reentrant checkpoint as a custom autograd function. Its graph inputs are fn's
+// top-level input tensors plus `anchor`, a leaf that always requires grad: without it
+// a call whose inputs don't require grad would not be recorded at all (apply only
+// records a node when some input requires grad), its outputs would not require grad,
+// and the parameters inside fn would silently get no gradient (PyTorch #7617). The
+// anchor's own gradient is always undefined, so nothing accumulates into it.
+struct CheckpointNode : torch::autograd::Function<CheckpointNode> {
+  static variable_list forward(AutogradContext* ctx, const c10::intrusive_ptr<CheckpointState>& state,
+                               at::TensorList tensors, const at::Tensor& /*anchor*/,
+                               std::vector<c10::IValue>* outputs) {
+    ctx->set_materialize_grads(false);
+    ctx->save_for_backward(tensors.vec());
+    ctx->saved_data["state"] = c10::IValue::make_capsule(state);
+
+    std::vector<c10::IValue> inputs = state->inputs;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      inputs[state->tensor_input_slots[i]] = tensors[i];
+    }
+    if (state->options.preserve_rng_state()) {
+      state->rng = RngSnapshot::capture(inputs);
+    }
+    *outputs = state->fn(inputs);
+    variable_list result = tensor_outputs(*outputs, state->tensor_output_slots);
+    state->num_outputs = outputs->size();
+    for (const at::Tensor& tensor : result) {
+      state->tensor_output_meta.emplace_back(tensor);
+    }
+    return result;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    // The recomputation's backward below must reach the parameters inside fn; a
+    // backward restricted to some inputs (autograd::grad, backward's `inputs`) would
+    // skip them. The engine reports that restriction here.
+    if (!torch::autograd::Engine::get_default_engine().is_checkpoint_valid()) {
+      throw CheckpointError(
+          "checkpoint (reentrant) cannot run under torch::autograd::grad() or a backward() given its `inputs` "
+          "argument: the recomputation must back-propagate into every parameter fn uses. Call backward() on the "
+          "loss without `inputs` and read the gradients from .grad()");
+    }
+    // The engine runs backward with grad mode on exactly when create_graph was asked
+    // for. The recomputation's gradients would be differentiable only towards the
+    // detached input copies, not the caller's inputs: refuse rather than return
+    // gradients whose own gradients are silently wrong.
+    if (at::GradMode::is_enabled()) {
+      throw CheckpointError(
+          "checkpoint (reentrant) cannot compute gradients of gradients: backward was called with "
+          "create_graph=true through a checkpoint; run that part of the model without checkpoint");
+    }
+    const variable_list saved = ctx->get_saved_variables();
+    const auto state = c10::static_intrusive_pointer_cast<CheckpointState>(ctx->saved_data["state"].toCapsule());
+    // One gradient per argument of forward: state, each tensor, anchor, outputs. Only
+    // the tensors' can be defined.
+    const size_t num_grads = saved.size() + 3;
+
+    if (std::none_of(grad_outputs.begin(), grad_outputs.end(), [](const at::Tensor& g) { return g.defined(); })) {
+      return variable_list(num_grads);
+    }
+
+    std::vector<c10::IValue> inputs = state->inputs;
+    variable_list detached;
+    for (size_t i = 0; i < saved.size(); ++i) {
+      detached.push_back(saved[i].detach().requires_grad_(saved[i].requires_grad()));
+      inputs[state->tensor_input_slots[i]] = detached.back();
+    }
+
+    std::vector<c10::IValue> outputs;
+    {
+      std::optional<RngReplay> replay;
+      if (state->rng) {
+        replay.emplace(*state->rng);
+      }
+      at::AutoGradMode enable_grad(true);
+      outputs = state->fn(inputs);
+    }
+    std::vector<size_t> slots;
+    const variable_list recomputed = tensor_outputs(outputs, slots);
+    check_recomputation(*state, outputs, slots, recomputed);
+
+    variable_list roots;
+    variable_list root_grads;
+    for (size_t i = 0; i < recomputed.size(); ++i) {
+      if (recomputed[i].requires_grad() && grad_outputs[i].defined()) {
+        roots.push_back(recomputed[i]);
+        root_grads.push_back(grad_outputs[i]);
+      }
+    }
+    if (roots.empty()) {
+      TORCH_WARN(
+          "checkpoint: no output of fn that received a gradient requires grad in the recomputation (neither an "
+          "input nor a parameter fn uses requires grad), so this checkpoint passes no gradient back and is not "
+          "necessary");
+      return variable_list(num_grads);
+    }
+    torch::autograd::backward(roots, root_grads);
+
+    variable_list grads(num_grads);
+    for (size_t i = 0; i < detached.size(); ++i) {
+      grads[i + 1] = detached[i].grad();
+    }
+    return grads;
+  }
+};
+
+}  // namespace
+
+std::vector<c10::IValue> checkpoint(const CheckpointFunction& fn, const std::vector<c10::IValue>& inputs,
+                                    const CheckpointOptions& options) {
+  if (!options.use_reentrant()) {
+    throw NotImplemented(
+        "checkpoint: CheckpointOptions().use_reentrant(false) is not available: the non-reentrant variant needs "
+        "saved-tensor hooks, which LibTorch only exposes to Python (see stowage/activation/checkpoint.h); use the "
+        "reentrant variant");
+  }
+  if (!fn) {
+    throw InvalidArgument("checkpoint: fn is empty");
+  }
+  auto state = c10::make_intrusive<CheckpointState>();
+  state->fn = fn;
+  state->options = options;
+  state->inputs = inputs;
+  variable_list tensors;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (is_tensor_like(inputs[i])) {
+      state->tensor_input_slots.push_back(i);
+      tensors.push_back(inputs[i].toTensor());
+      state->inputs[i] = c10::IValue();
+    }
+  }
+  const at::Tensor anchor = at::empty({0}).requires_grad_(true);
+  std::vector<c10::IValue> outputs;
+  const variable_list differentiable = CheckpointNode::apply(state, at::TensorList(tensors), anchor, &outputs);
+  for (size_t i = 0; i < differentiable.size(); ++i) {
+    outputs[state->tensor_output_slots[i]] = differentiable[i];
+  }
+  return outputs;
+}
+
+at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn, const at::Tensor& input,
+                      const CheckpointOptions& options) {
+  if (!fn) {
+    throw InvalidArgument("checkpoint: fn is empty");
+  }
+  if (!input.defined()) {
+    throw InvalidArgument("checkpoint: the input tensor is undefined");
+  }
+  const std::vector<c10::IValue> outputs = checkpoint(
+      [fn](const std::vector<c10::IValue>& in) -> std::vector<c10::IValue> { return {fn(in[0].toTensor())}; },
+      {input}, options);
+  return outputs[0].toTensor();
+}
+
+}  // namespace stowage::activation
