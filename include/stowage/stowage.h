@@ -2,6 +2,7 @@
 
 // The umbrella header: everything stowage offers.
 
+#include <stowage/dcp/dcp.h>
 #include <stowage/error.h>
 #include <stowage/memory/accounting.h>
 #include <stowage/memory/host_buffer.h>
