@@ -36,8 +36,10 @@ Metadata FileSystemReader::read_metadata() {
   const std::string metadata_path = detail::join_path(path_, kMetadataFileName);
   // A writer may replace the checkpoint between reading its metadata and opening its
   // files (it deletes the old files after committing); reading again then sees the new
-  // one. Once open, files stay readable whatever happens to their names.
-  for (int attempt = 0;; ++attempt) {
+  // one. A file missing under unchanged metadata is an error. Once open, files stay
+  // readable whatever happens to their names.
+  constexpr int kMaxAttempts = 100;
+  for (int attempt = 1;; ++attempt) {
     if (!detail::file_exists(metadata_path)) {
       throw Error(fmt::format("'{}' holds no checkpoint: its metadata file {} is missing", path_, kMetadataFileName));
     }
@@ -72,7 +74,10 @@ Metadata FileSystemReader::read_metadata() {
       files_ = std::move(files);
       return metadata;
     }
-    if (attempt == 0) continue;
+    const bool replaced = detail::file_exists(metadata_path) &&
+                          decode_metadata(detail::read_text_file(metadata_path), metadata_path).save_id !=
+                              metadata.save_id;
+    if (replaced && attempt < kMaxAttempts) continue;
     throw Error(fmt::format("checkpoint '{}': entry '{}': its data file '{}' is missing", path_, first_user(missing),
                             missing));
   }

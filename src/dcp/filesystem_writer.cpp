@@ -133,8 +133,8 @@ std::vector<WriteResult> FileSystemWriter::write_data(const SavePlan& plan, std:
       {
         // Raw row-major bytes: contiguous, on the CPU, with lazy conjugation/negation
         // resolved.
-        const at::Tensor host = data[item->data_index].toTensor().resolve_conj().resolve_neg().to(
-            c10::kCPU, /*non_blocking=*/false, /*copy=*/false, c10::MemoryFormat::Contiguous);
+        const at::Tensor host =
+            data[item->data_index].toTensor().resolve_conj().resolve_neg().to(c10::kCPU).contiguous();
         const int64_t length = static_cast<int64_t>(host.nbytes());
         const char* bytes = static_cast<const char*>(host.data_ptr());
         XXH3_state_t* state = XXH3_createState();
