@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 #include <map>
 
 namespace stowage::dcp {
@@ -106,8 +107,8 @@ Metadata save_snapshot(StateDict snapshot, StorageWriter& writer) {
   SavePlan plan;
   std::vector<c10::IValue> data;
   {
-    const StateDict owned = std::move(snapshot);
-    const FlatStateDict flat = flatten_state_dict(owned);
+    const FlatStateDict flat = flatten_state_dict(snapshot);
+    snapshot = StateDict();  // StateDict shares on copy and has no move: drop it explicitly
     plan = create_local_save_plan(flat, /*rank=*/0);
     data = leaves_of(flat);
   }
@@ -145,7 +146,8 @@ AsyncSaveResponse async_save(const StateDict& state, StorageWriter& writer, Asyn
   auto staging = std::make_shared<std::promise<void>>();
   auto upload = std::make_shared<std::promise<Metadata>>();
   AsyncSaveResponse response{staging->get_future().share(), upload->get_future().share()};
-  std::thread thread([&writer, background, snapshot = std::move(snapshot), staging, upload]() mutable {
+  std::thread thread([&writer, background, snapshot = std::exchange(snapshot, StateDict()), staging,
+                      upload]() mutable {
     try {
       if (background) {
         try {
@@ -157,7 +159,7 @@ AsyncSaveResponse async_save(const StateDict& state, StorageWriter& writer, Asyn
           throw;
         }
       }
-      upload->set_value(save_snapshot(std::move(snapshot), writer));
+      upload->set_value(save_snapshot(std::exchange(snapshot, StateDict()), writer));
     } catch (...) {
       upload->set_exception(std::current_exception());
     }

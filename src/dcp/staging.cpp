@@ -74,7 +74,7 @@ int64_t DefaultStager::cached_bytes() const {
 }
 
 void DefaultStager::prepare_streams(const FlatStateDict& flat) {
-  if (!options_.use_non_blocking_copy) return;
+  if (!options_.use_non_blocking_copy()) return;
   for (const FlatEntry& entry : flat.entries()) {
     if (!entry.value.isTensor() || !entry.value.toTensor().defined()) continue;
     const c10::Device device = entry.value.toTensor().device();
@@ -98,7 +98,7 @@ StateDict DefaultStager::stage_now(const FlatStateDict& flat) {
   for (auto it = cache_.begin(); it != cache_.end();) {
     it = it->second->source.expired() ? cache_.erase(it) : std::next(it);
   }
-  const memory::HostAllocOptions alloc{options_.use_pinned_memory, options_.use_shared_memory};
+  const memory::HostAllocOptions alloc{options_.use_pinned_memory(), options_.use_shared_memory()};
   std::unordered_map<const void*, at::Tensor> copied;  // storages already copied by this call
   std::vector<c10::Stream> used_streams;
   FlatStateDict staged;
@@ -121,7 +121,7 @@ StateDict DefaultStager::stage_now(const FlatStateDict& flat) {
         const at::Tensor source_bytes =
             at::empty({0}, source.options().dtype(c10::kByte)).set_(storage, 0, {nbytes}, {1});
         const auto stream = streams_.find(source.device().str());
-        if (options_.use_non_blocking_copy && stream != streams_.end()) {
+        if (options_.use_non_blocking_copy() && stream != streams_.end()) {
           const c10::StreamGuard guard(stream->second);
           cached->bytes.copy_(source_bytes, /*non_blocking=*/true);
           if (std::find(used_streams.begin(), used_streams.end(), stream->second) == used_streams.end()) {
@@ -165,7 +165,7 @@ void DefaultStager::worker_loop() {
 }
 
 std::optional<std::shared_future<StateDict>> DefaultStager::stage_in_background(const StateDict& state) {
-  if (!options_.use_async_staging) return std::nullopt;
+  if (!options_.use_async_staging()) return std::nullopt;
   auto flat = std::make_shared<FlatStateDict>(flatten_state_dict(state));  // errors surface here
   prepare_streams(*flat);
   auto promise = std::make_shared<std::promise<StateDict>>();
@@ -187,7 +187,7 @@ std::optional<std::shared_future<StateDict>> DefaultStager::stage_in_background(
 }
 
 StateDict DefaultStager::stage(const StateDict& state) {
-  if (options_.use_async_staging) {
+  if (options_.use_async_staging()) {
     return stage_in_background(state)->get();
   }
   const FlatStateDict flat = flatten_state_dict(state);

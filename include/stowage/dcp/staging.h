@@ -8,6 +8,7 @@
 
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
+#include <torch/arg.h>
 
 #include <condition_variable>
 #include <deque>
@@ -65,21 +66,22 @@ class BlockingAsyncStager : public AsyncStager {
 };
 
 struct StagingOptions {
+  StagingOptions() = default;
+  // The four switches in PyTorch's order.
+  StagingOptions(bool pinned, bool shared, bool async_staging, bool non_blocking)
+      : use_pinned_memory_(pinned), use_shared_memory_(shared), use_async_staging_(async_staging),
+        use_non_blocking_copy_(non_blocking) {}
+
   // Page-locked staging buffers, where the build can pin (see memory::can_pin_memory).
-  bool use_pinned_memory = true;
+  TORCH_ARG(bool, use_pinned_memory) = true;
   // Staging buffers another process can map (memfd-backed).
-  bool use_shared_memory = true;
+  TORCH_ARG(bool, use_shared_memory) = true;
   // Stage on a background thread: stage_in_background() returns at once.
-  bool use_async_staging = true;
+  TORCH_ARG(bool, use_async_staging) = true;
   // Device-to-host copies are issued non-blocking on a stream of the stager's own and
   // awaited once, where the device has streams. CPU sources are copied by the staging
   // thread itself.
-  bool use_non_blocking_copy = true;
-
-  StagingOptions() = default;
-  StagingOptions(bool pinned, bool shared, bool async_staging, bool non_blocking)
-      : use_pinned_memory(pinned), use_shared_memory(shared), use_async_staging(async_staging),
-        use_non_blocking_copy(non_blocking) {}
+  TORCH_ARG(bool, use_non_blocking_copy) = true;
 };
 
 // The staging engine of PyTorch's zero-overhead checkpointing (DefaultStager): copies
