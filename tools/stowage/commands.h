@@ -9,5 +9,6 @@ namespace stowage::cli {
 void add_demo_command(CLI::App& app);
 // `stowage bench <name>`: every benchmark registers a subcommand of `bench`.
 void add_bench_command(CLI::App& app);
+void add_bench_dcp(CLI::App& bench);
 
 }  // namespace stowage::cli
