@@ -133,8 +133,12 @@ StateDict DefaultStager::stage_now(const FlatStateDict& flat) {
         done = copied.emplace(key, cached->bytes).first;
       }
       // A view of the staged storage exactly like the source's view of its own.
-      value = at::empty({0}, done->second.options().dtype(source.scalar_type()))
-                  .set_(done->second.storage(), source.storage_offset(), source.sizes(), source.strides());
+      at::Tensor view = at::empty({0}, done->second.options().dtype(source.scalar_type()))
+                            .set_(done->second.storage(), source.storage_offset(), source.sizes(), source.strides());
+      // The storage holds unresolved bytes: carry the source's lazy conjugation/negation.
+      if (source.is_conj()) view = view.conj();
+      if (source.is_neg()) view = at::_neg_view(view);
+      value = std::move(view);
     }
     staged.add(FlatEntry{entry.fqn, entry.path, std::move(value)});
   }

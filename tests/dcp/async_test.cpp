@@ -132,6 +132,27 @@ TEST(DcpDefaultStager, ViewsSharingAStorageShareOneStagedStorage) {
   EXPECT_EQ(grid.sum().item<float>(), base.slice(0, 6, 12).sum().item<float>());
 }
 
+TEST(DcpDefaultStager, LazyConjugateAndNegativeViewsKeepTheirValues) {
+  const at::Tensor complex = torch::randn({4}, torch::kComplexFloat).to(test_device());
+  const at::Tensor real = torch::randn({4}).to(test_device());
+  StateDict state;
+  state.insert("conj", complex.conj());
+  state.insert("neg", real._neg_view());
+  DefaultStager stager;
+  const StateDict staged = stager.stage(state);
+  EXPECT_TRUE(torch::equal(staged.at("conj").toTensor().resolve_conj(), complex.conj().resolve_conj().cpu()));
+  EXPECT_TRUE(torch::equal(staged.at("neg").toTensor().resolve_neg(), (-real).cpu()));
+  const ScratchDir dir;
+  FileSystemWriter writer(dir.path());
+  async_save(state, writer, &stager).upload_completion.get();
+  StateDict target;
+  target.insert("conj", torch::zeros({4}, torch::kComplexFloat));
+  target.insert("neg", torch::zeros({4}));
+  load(target, dir.path());
+  EXPECT_TRUE(torch::equal(target.at("conj").toTensor(), complex.conj().resolve_conj().cpu()));
+  EXPECT_TRUE(torch::equal(target.at("neg").toTensor(), (-real).cpu()));
+}
+
 TEST(DcpDefaultStager, ForgetsBuffersOfSourcesThatDied) {
   DefaultStager stager(StagingOptions().use_async_staging(false));
   {
