@@ -7,6 +7,7 @@ void add_bench_command(CLI::App& app) {
   bench->require_subcommand(1);
   add_bench_activation(*bench);
   add_bench_swap(*bench);
+  add_bench_dcp(*bench);
 }
 
 }  // namespace stowage::cli

@@ -13,5 +13,6 @@ void add_train_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_bench_activation(CLI::App& bench);
 void add_bench_swap(CLI::App& bench);
+void add_bench_dcp(CLI::App& bench);
 
 }  // namespace stowage::cli

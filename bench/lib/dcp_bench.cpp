@@ -1,0 +1,216 @@
+#include "dcp_bench.h"
+
+#include "bench_util.h"
+
+#include <stowage/dcp/dcp.h>
+#include <stowage/error.h>
+#include <stowage/memory/host_buffer.h>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+namespace stowage::bench {
+namespace {
+
+// A scratch directory removed with everything in it, also on an exception.
+class Scratch {
+ public:
+  explicit Scratch(const std::string& parent) {
+    std::string pattern = (parent.empty() ? temp_directory() : parent) + "/stowage-bench-dcp-XXXXXX";
+    if (mkdtemp(pattern.data()) == nullptr) {
+      throw Error(fmt::format("bench dcp: cannot create a directory under '{}': {}", parent, std::strerror(errno)));
+    }
+    path_ = pattern;
+  }
+  ~Scratch() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  std::string sub(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+double gbps(int64_t bytes, double seconds) {
+  return static_cast<double>(bytes) / seconds / 1e9;
+}
+
+template <typename Fn>
+double best_of(int repetitions, Fn&& fn) {
+  double best = std::numeric_limits<double>::infinity();
+  for (int i = 0; i < repetitions; ++i) best = std::min(best, seconds(fn));
+  return best;
+}
+
+void write_all(int fd, const char* data, int64_t length, const std::string& path) {
+  while (length > 0) {
+    const ssize_t n = ::write(fd, data, static_cast<size_t>(std::min<int64_t>(length, int64_t(1) << 30)));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw Error(fmt::format("bench dcp: cannot write '{}': {}", path, std::strerror(errno)));
+    }
+    data += n;
+    length -= n;
+  }
+}
+
+void fsync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    throw Error(fmt::format("bench dcp: cannot fsync '{}': {}", path, std::strerror(errno)));
+  }
+  ::close(fd);
+}
+
+}  // namespace
+
+DcpBenchResult run_dcp_bench(const DcpBenchOptions& options) {
+  if (options.size_mib < 1 || options.tensors < 1) {
+    throw InvalidArgument("bench dcp: --size-mib and the tensor count must be positive");
+  }
+  const Scratch scratch(options.dir);
+  const int64_t numel = options.size_mib * (int64_t(1) << 20) / 4 / options.tensors;
+  std::vector<at::Tensor> tensors;
+  StateDict state;
+  for (int64_t i = 0; i < options.tensors; ++i) {
+    tensors.push_back(torch::empty({numel}).uniform_());
+    state.insert(fmt::format("layers.{}.weight", i), tensors.back());
+  }
+  DcpBenchResult r;
+  r.bytes = numel * 4 * options.tensors;
+
+  {  // The staging limit: memcpy into preallocated, already touched buffers.
+    std::vector<at::Tensor> buffers;
+    for (const at::Tensor& t : tensors) buffers.push_back(memory::allocate_host(t.sizes(), t.scalar_type()));
+    const auto copy_all = [&] {
+      for (size_t i = 0; i < tensors.size(); ++i) std::memcpy(buffers[i].data_ptr(), tensors[i].data_ptr(), tensors[i].nbytes());
+    };
+    copy_all();
+    r.memcpy_gbps = gbps(r.bytes, best_of(3, copy_all));
+  }
+  {
+    dcp::BlockingAsyncStager cached(/*cache_staged_state_dict=*/true);
+    cached.stage(state);
+    r.stage_s = best_of(3, [&] { cached.stage(state); });
+    r.stage_cached_gbps = gbps(r.bytes, r.stage_s);
+  }
+  {
+    dcp::BlockingAsyncStager uncached;
+    r.stage_uncached_gbps = gbps(r.bytes, best_of(2, [&] { uncached.stage(state); }));
+  }
+  // The three writers take turns, so that they meet the same disk conditions (the disk
+  // is shared and its speed drifts); each keeps its best time.
+  const std::string checkpoint = scratch.sub("checkpoint");
+  const std::string raw_path = scratch.sub("raw.bin");
+  const std::string torch_path = scratch.sub("torch.pt");
+  {
+    dcp::FileSystemWriter writer(checkpoint, dcp::FileSystemWriterOptions().sync_files(true));
+    double raw_s = std::numeric_limits<double>::infinity();
+    double save_s = raw_s;
+    double torch_s = raw_s;
+    for (int i = 0; i < 3; ++i) {
+      std::filesystem::remove(raw_path);
+      raw_s = std::min(raw_s, seconds([&] {
+                         const int fd = ::open(raw_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+                         if (fd < 0) throw Error(fmt::format("bench dcp: cannot create '{}'", raw_path));
+                         for (const at::Tensor& t : tensors) {
+                           write_all(fd, static_cast<const char*>(t.data_ptr()), t.nbytes(), raw_path);
+                         }
+                         ::fsync(fd);
+                         ::close(fd);
+                       }));
+      std::filesystem::remove(raw_path);
+      save_s = std::min(save_s, seconds([&] { dcp::save(state, writer); }));
+      std::filesystem::remove(torch_path);
+      // What a LibTorch user does today; fsync'd like the others.
+      torch_s = std::min(torch_s, seconds([&] {
+                           torch::save(tensors, torch_path);
+                           fsync_path(torch_path);
+                         }));
+    }
+    r.raw_write_gbps = gbps(r.bytes, raw_s);
+    r.save_gbps = gbps(r.bytes, save_s);
+    r.torch_save_gbps = gbps(r.bytes, torch_s);
+  }
+  {
+    std::vector<at::Tensor> loaded;
+    r.torch_load_gbps = gbps(r.bytes, best_of(2, [&] {
+                               loaded.clear();
+                               torch::load(loaded, torch_path);
+                             }));
+    if (loaded.size() != tensors.size() || !torch::equal(loaded.back(), tensors.back())) {
+      throw Error("bench dcp: torch::load returned different tensors");
+    }
+    std::filesystem::remove(torch_path);
+  }
+  {
+    StateDict target;
+    for (const auto& item : state) target.insert(item.key(), torch::empty_like(item.value().toTensor()));
+    r.load_gbps = gbps(r.bytes, best_of(2, [&] { dcp::load(target, checkpoint); }));
+    if (!torch::equal(target.at("layers.0.weight").toTensor(), tensors.front())) {
+      throw Error("bench dcp: dcp::load returned different tensors");
+    }
+  }
+  {  // How long async_save holds the caller, with the writer's cached staging, warm.
+    dcp::FileSystemWriter writer(checkpoint, dcp::FileSystemWriterOptions().cache_staged_state_dict(true));
+    dcp::async_save(state, writer).upload_completion.get();
+    std::shared_future<dcp::Metadata> upload;
+    r.async_block_s = std::numeric_limits<double>::infinity();
+    for (int i = 0; i < 3; ++i) {  // best of 3, like stage_s
+      r.async_block_s = std::min(r.async_block_s, seconds([&] { upload = dcp::async_save(state, writer).upload_completion; }));
+      upload.get();
+    }
+    dcp::DefaultStager stager;
+    dcp::async_save(state, writer, &stager).upload_completion.get();
+    r.async_block_default_stager_s = seconds([&] { upload = dcp::async_save(state, writer, &stager).upload_completion; });
+    upload.get();
+  }
+  return r;
+}
+
+nlohmann::json to_json(const DcpBenchResult& r) {
+  return nlohmann::json{{"bytes", r.bytes},
+                        {"memcpy_gbps", r.memcpy_gbps},
+                        {"stage_cached_gbps", r.stage_cached_gbps},
+                        {"stage_uncached_gbps", r.stage_uncached_gbps},
+                        {"save_gbps", r.save_gbps},
+                        {"raw_write_gbps", r.raw_write_gbps},
+                        {"torch_save_gbps", r.torch_save_gbps},
+                        {"load_gbps", r.load_gbps},
+                        {"torch_load_gbps", r.torch_load_gbps},
+                        {"async_block_s", r.async_block_s},
+                        {"stage_s", r.stage_s},
+                        {"async_block_default_stager_s", r.async_block_default_stager_s}};
+}
+
+std::string format_report(const DcpBenchResult& r) {
+  const auto target = [](const char* name, double value, double limit, const char* relation) {
+    const bool met = std::string(relation) == ">=" ? value >= limit : value <= limit;
+    return fmt::format("  {:<44} {:8.3f} {} {:8.3f}  {}\n", name, value, relation, limit, met ? "met" : "NOT met");
+  };
+  std::string out = fmt::format("dcp benchmark: {:.0f} MiB in one state dict\n", r.bytes / 1048576.0);
+  out += fmt::format("  memcpy {:.2f} GB/s, stage cached {:.2f}, uncached {:.2f}\n", r.memcpy_gbps,
+                     r.stage_cached_gbps, r.stage_uncached_gbps);
+  out += fmt::format("  save {:.2f} GB/s, raw write {:.2f}, torch::save {:.2f}\n", r.save_gbps, r.raw_write_gbps,
+                     r.torch_save_gbps);
+  out += fmt::format("  load {:.2f} GB/s, torch::load {:.2f}\n", r.load_gbps, r.torch_load_gbps);
+  out += fmt::format("  async_save blocks {:.3f} s (DefaultStager: {:.4f} s); a blocking stage takes {:.3f} s\n",
+                     r.async_block_s, r.async_block_default_stager_s, r.stage_s);
+  out += "targets:\n";
+  out += target("stage_cached_gbps >= 0.8 x memcpy_gbps", r.stage_cached_gbps, 0.8 * r.memcpy_gbps, ">=");
+  out += target("save_gbps >= 0.9 x raw_write_gbps", r.save_gbps, 0.9 * r.raw_write_gbps, ">=");
+  out += target("save_gbps >= 2 x torch_save_gbps", r.save_gbps, 2 * r.torch_save_gbps, ">=");
+  out += target("load_gbps >= 2 x torch_load_gbps", r.load_gbps, 2 * r.torch_load_gbps, ">=");
+  out += target("async_block_s <= 1.1 x stage_s", r.async_block_s, 1.1 * r.stage_s, "<=");
+  return out;
+}
+
+}  // namespace stowage::bench

@@ -1,0 +1,43 @@
+#pragma once
+
+// The dcp benchmark: staging, save and load of one state dict against the limits of
+// this machine (memcpy, a raw sequential write) and against torch::save/torch::load,
+// all measured in the same run.
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace stowage::bench {
+
+struct DcpBenchOptions {
+  int64_t size_mib = 1024;  // total size of the state dict
+  int64_t tensors = 64;     // it is split into this many float tensors
+  std::string dir;          // scratch space; empty: the system temp directory
+};
+
+struct DcpBenchResult {
+  int64_t bytes = 0;
+  double memcpy_gbps = 0;          // copy into preallocated buffers: the staging limit
+  double stage_cached_gbps = 0;    // BlockingAsyncStager, cached buffers, warm
+  double stage_uncached_gbps = 0;  // BlockingAsyncStager, new buffers every call
+  double save_gbps = 0;            // dcp::save, sync_files on
+  double raw_write_gbps = 0;       // the same bytes written sequentially + fsync: the disk limit
+  double torch_save_gbps = 0;      // torch::save of the same tensors + fsync
+  double load_gbps = 0;            // dcp::load into preallocated tensors (checksums verified)
+  double torch_load_gbps = 0;      // torch::load of the torch::save file
+  double async_block_s = 0;        // caller blocked by async_save (writer's cached staging)
+  double stage_s = 0;              // a blocking cached stage of the same state
+  double async_block_default_stager_s = 0;  // caller blocked by async_save with a DefaultStager
+};
+
+// Runs every measurement once (best of a few repetitions for the short ones); removes
+// everything it wrote. Throws stowage::Error on a failure.
+DcpBenchResult run_dcp_bench(const DcpBenchOptions& options);
+
+nlohmann::json to_json(const DcpBenchResult& result);
+// Human-readable lines, with each target and whether it is met.
+std::string format_report(const DcpBenchResult& result);
+
+}  // namespace stowage::bench

@@ -1,0 +1,96 @@
+#pragma once
+
+// Checkpoints in a directory of the local file system (docs/FORMAT.md).
+//
+// Commit protocol, the invariant every reader relies on: data files are written under
+// names no earlier save used (they carry the save id), the metadata file is written
+// last to a temporary name, synced, and renamed over the old one, then the directory
+// is synced. So a reader sees the previous checkpoint or the new one, never a mixture,
+// and a save that fails or crashes before the rename leaves the previous checkpoint as
+// it was. Only after the rename are the previous checkpoint's data files deleted.
+
+#include <stowage/dcp/staging.h>
+#include <stowage/dcp/storage.h>
+
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace stowage::dcp {
+
+struct FileSystemWriterOptions {
+  // One data file per rank and writer thread; otherwise one per tensor chunk.
+  TORCH_ARG(bool, single_file_per_rank) = true;
+  // fsync data files, the metadata and the directory. Without it a crash may lose the
+  // checkpoint (readers still never see a partial one).
+  TORCH_ARG(bool, sync_files) = true;
+  // Threads writing data files in parallel, at least 1 (the caller's thread is one).
+  TORCH_ARG(int64_t, thread_count) = 1;
+  // Bytes of device-to-host copies each writer thread keeps in flight ahead of the
+  // file writes, for tensors not on the CPU. stage() sets it to 0: staged data is on
+  // the CPU already.
+  TORCH_ARG(int64_t, per_thread_copy_ahead) = 10'000'000;
+  // Reuse the staging buffers of stage() across saves (BlockingAsyncStager).
+  TORCH_ARG(bool, cache_staged_state_dict) = false;
+  // Replace an existing checkpoint in the directory; without it, saving over one is an
+  // error.
+  TORCH_ARG(bool, overwrite) = true;
+};
+
+// Writes checkpoints into one directory. It is also the stager async_save uses when
+// none is given: a BlockingAsyncStager with the writer's cache_staged_state_dict.
+class FileSystemWriter : public StorageWriter, public BlockingAsyncStager {
+ public:
+  explicit FileSystemWriter(std::string path, FileSystemWriterOptions options = {});
+  ~FileSystemWriter() override;
+
+  const std::string& path() const { return path_; }
+  const FileSystemWriterOptions& options() const { return options_; }
+
+  // Sets per_thread_copy_ahead to 0, then stages like BlockingAsyncStager.
+  StateDict stage(const StateDict& state) override;
+
+  SavePlan prepare_local_plan(SavePlan plan) override;
+  std::vector<SavePlan> prepare_global_plan(std::vector<SavePlan> plans, const Metadata& metadata) override;
+  std::vector<WriteResult> write_data(const SavePlan& plan, std::vector<c10::IValue>& data) override;
+  void finish(const Metadata& metadata) override;
+  void abort() noexcept override;
+
+ protected:
+  // Called on a writer thread once an item's bytes are in its file (before any
+  // fsync): a place for progress reports. An exception fails the save.
+  virtual void on_item_written(const WriteResult& result);
+
+ private:
+  std::string path_;
+  FileSystemWriterOptions options_;
+  std::mutex created_mutex_;
+  std::vector<std::string> created_files_;  // by the save in progress, for abort()
+};
+
+// Reads checkpoints from one directory. Every chunk is read in full and its checksum
+// verified; paths in the metadata never leave the directory, and symbolic links are
+// not followed.
+class FileSystemReader : public StorageReader {
+ public:
+  explicit FileSystemReader(std::string path);
+  ~FileSystemReader() override;
+
+  const std::string& path() const { return path_; }
+
+  Metadata read_metadata() override;
+  void read_data(std::vector<ChunkRead>& reads) override;
+
+ private:
+  struct OpenFile;
+  std::string path_;
+  // The files of the checkpoint read_metadata() returned, opened then, so that an
+  // overwrite that deletes them cannot take them away.
+  std::unordered_map<std::string, std::shared_ptr<OpenFile>> files_;
+};
+
+}  // namespace stowage::dcp

@@ -1,0 +1,84 @@
+#pragma once
+
+// Planning a save and a load, in the steps PyTorch's DCP takes, so that a distributed
+// run slots in: every rank makes a local plan; a coordinator (rank 0) gathers them,
+// removes duplicates, checks they tile every tensor, and builds the metadata; each
+// rank writes what its final plan says; the coordinator records where every chunk
+// went and commits. In one process, rank 0 is both.
+
+#include <stowage/dcp/metadata.h>
+#include <stowage/state/state_dict.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace stowage::dcp {
+
+// One leaf a rank offers to save.
+struct WriteItem {
+  std::string fqn;
+  ObjectPath path;
+  EntryKind kind = EntryKind::kValue;
+  // kTensor: the global tensor, and the box of it this rank holds (all of it for a
+  // plain tensor).
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  std::vector<int64_t> global_shape;
+  ChunkBox box;
+  int64_t nbytes = 0;
+  // kValue: the value, which goes into the metadata rather than a data file.
+  c10::IValue value;
+  // Index of the leaf in the rank's data (the flattened state dict it planned from).
+  size_t data_index = 0;
+};
+
+struct SavePlan {
+  int64_t rank = 0;
+  std::vector<WriteItem> items;
+  // Set by the writer's global step: what this rank's data file names start with.
+  std::string file_prefix;
+};
+
+// Where a rank put one chunk.
+struct WriteResult {
+  std::string fqn;
+  ChunkBox box;
+  StorageLocation location;
+  int64_t rank = 0;
+};
+
+// Local step, on every rank: one item per leaf. Throws InvalidArgument naming the
+// entry for an undefined tensor or a sparse/quantized one.
+SavePlan create_local_save_plan(const FlatStateDict& state, int64_t rank);
+
+struct GlobalSavePlan {
+  std::vector<SavePlan> plans;  // indexed by rank; value items removed (they live in metadata)
+  Metadata metadata;            // every entry, tensors without chunk locations yet
+};
+
+// Coordinator step: plans indexed by rank. A tensor box offered by several ranks is
+// written by the one with the fewest bytes so far (ties: the lowest rank); a value is
+// taken from the lowest rank. Throws Error naming the entry and ranks when ranks
+// disagree on an entry's kind, dtype or shape, or when a tensor's boxes overlap,
+// leave the tensor, or leave part of it uncovered.
+GlobalSavePlan create_global_save_plan(std::vector<SavePlan> local_plans);
+
+// Coordinator step after the writes: fills every chunk's location. Throws Error if a
+// planned chunk has no result.
+void record_write_results(Metadata& metadata, const std::vector<std::vector<WriteResult>>& results_by_rank);
+
+// Part of a saved chunk that lands in part of a destination box.
+struct ReadItem {
+  size_t chunk_index = 0;                // into EntryMetadata::chunks
+  std::vector<int64_t> storage_offsets;  // where the part starts within the saved chunk
+  std::vector<int64_t> dest_offsets;     // where it starts within the destination box
+  std::vector<int64_t> lengths;
+};
+
+// The reads that fill `destination` (a box of the global tensor) from the saved
+// chunks: one per overlapping chunk. For a plain tensor the destination is the whole
+// tensor; a rank holding a shard passes its box, so a checkpoint saved with one
+// sharding loads into another.
+std::vector<ReadItem> create_read_items(const EntryMetadata& entry, const ChunkBox& destination);
+
+}  // namespace stowage::dcp

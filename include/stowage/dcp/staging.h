@@ -1,0 +1,132 @@
+#pragma once
+
+// Stagers: turn a live state dict into a training-safe snapshot (a CPU copy that later
+// updates of the source never reach), so that an async_save can write it while
+// training goes on. Names and defaults follow torch.distributed.checkpoint.staging.
+
+#include <stowage/state/state_dict.h>
+
+#include <c10/core/Device.h>
+#include <c10/core/Stream.h>
+#include <torch/arg.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+
+namespace stowage::dcp {
+
+// The staging protocol async_save drives.
+class AsyncStager {
+ public:
+  virtual ~AsyncStager() = default;
+
+  // Whether async_save calls synchronize_staging() right after it starts the write.
+  virtual bool should_synchronize_after_execute() const { return true; }
+  // A snapshot of `state`, blocking until it is complete. The base throws
+  // NotImplemented.
+  virtual StateDict stage(const StateDict& state);
+  // Starts staging in the background and returns its future, or returns nullopt when
+  // this stager only stages synchronously (async_save then calls stage()). This is the
+  // C++ form of PyTorch's stage() returning either a Future or a state dict.
+  virtual std::optional<std::shared_future<StateDict>> stage_in_background(const StateDict& state);
+  // Waits for staging to finish; a no-op here.
+  virtual void synchronize_staging() {}
+  // Releases what the stager holds; a no-op here.
+  virtual void close() {}
+};
+
+// Stages on the caller's thread into CPU memory (PyTorch's BlockingAsyncStager).
+// The snapshot is always a copy, also for CPU sources (PyTorch bug #144657). With
+// caching, the first call allocates the buffers and later calls refresh them in place
+// (same data pointers) as long as the state dict keeps its structure; a different
+// structure gets new buffers.
+class BlockingAsyncStager : public AsyncStager {
+ public:
+  explicit BlockingAsyncStager(bool cache_staged_state_dict = false, bool type_check = false);
+
+  bool should_synchronize_after_execute() const override { return false; }
+  StateDict stage(const StateDict& state) override;
+  void synchronize_staging() override {}
+  // Drops the cached buffers.
+  void close() override;
+
+  bool cache_staged_state_dict() const { return cache_staged_state_dict_; }
+
+ private:
+  bool cache_staged_state_dict_;
+  bool type_check_;
+  std::optional<StateDict> cache_;
+};
+
+struct StagingOptions {
+  StagingOptions() = default;
+  // The four switches in PyTorch's order.
+  StagingOptions(bool pinned, bool shared, bool async_staging, bool non_blocking)
+      : use_pinned_memory_(pinned), use_shared_memory_(shared), use_async_staging_(async_staging),
+        use_non_blocking_copy_(non_blocking) {}
+
+  // Page-locked staging buffers, where the build can pin (see memory::can_pin_memory).
+  TORCH_ARG(bool, use_pinned_memory) = true;
+  // Staging buffers another process can map (memfd-backed).
+  TORCH_ARG(bool, use_shared_memory) = true;
+  // Stage on a background thread: stage_in_background() returns at once.
+  TORCH_ARG(bool, use_async_staging) = true;
+  // Device-to-host copies are issued non-blocking on a stream of the stager's own and
+  // awaited once, where the device has streams. CPU sources are copied by the staging
+  // thread itself.
+  TORCH_ARG(bool, use_non_blocking_copy) = true;
+};
+
+// The staging engine of PyTorch's zero-overhead checkpointing (DefaultStager): copies
+// every storage once per call into a host buffer cached across calls (keyed by the
+// source storage, dropped when that dies), so views that share a storage in the source
+// share one in the snapshot. Not thread-safe: one caller at a time. Staging one state
+// dict while the previous snapshot is still being written overwrites it; async_save
+// avoids that by waiting for the previous save on the same writer.
+class DefaultStager : public AsyncStager {
+ public:
+  explicit DefaultStager(StagingOptions options = StagingOptions());
+  ~DefaultStager() override;  // close()
+
+  StateDict stage(const StateDict& state) override;
+  std::optional<std::shared_future<StateDict>> stage_in_background(const StateDict& state) override;
+  // Waits for the latest staging to finish (its errors stay in its future).
+  void synchronize_staging() override;
+  // Waits for staging in flight, stops the staging thread and frees every cached
+  // buffer. The stager can stage again afterwards.
+  void close() override;
+
+  const StagingOptions& options() const { return options_; }
+  // Bytes of host buffers the stager holds now.
+  int64_t cached_bytes() const;
+
+ private:
+  struct CachedStorage;
+  StateDict stage_now(const FlatStateDict& flat);
+  void start_worker();
+  void worker_loop();
+  // The stager's own stream on `device` (made on first use, on the caller's thread),
+  // ordered after the work already queued on the device's current stream.
+  void prepare_streams(const FlatStateDict& flat);
+
+  StagingOptions options_;
+  mutable std::mutex cache_mutex_;
+  std::unordered_map<const void*, std::shared_ptr<CachedStorage>> cache_;
+  std::map<std::string, c10::Stream> streams_;  // by device string
+
+  std::mutex queue_mutex_;
+  std::condition_variable queue_cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stopping_ = false;
+  std::thread worker_;
+  std::shared_future<StateDict> latest_;
+};
+
+}  // namespace stowage::dcp

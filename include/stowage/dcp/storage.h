@@ -1,0 +1,74 @@
+#pragma once
+
+// Where checkpoints go and come from: the storage side of save and load, split into
+// the planning steps of planner.h so that a distributed run can interleave
+// collectives between them.
+
+#include <stowage/dcp/metadata.h>
+#include <stowage/dcp/planner.h>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+
+#include <future>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace stowage::dcp {
+
+class StorageWriter {
+ public:
+  StorageWriter() = default;
+  StorageWriter(const StorageWriter&) = delete;
+  StorageWriter& operator=(const StorageWriter&) = delete;
+  // Waits for a pending async_save (see wait_for_pending_save).
+  virtual ~StorageWriter();
+
+  // Every rank, first: prepares the destination and may amend the local plan.
+  virtual SavePlan prepare_local_plan(SavePlan plan) = 0;
+  // Coordinator: may amend every rank's plan (e.g. name each rank's files).
+  virtual std::vector<SavePlan> prepare_global_plan(std::vector<SavePlan> plans, const Metadata& metadata) = 0;
+  // Every rank: writes the tensor items of its final plan. data[item.data_index] holds
+  // each item's tensor; the writer drops that reference once the bytes are written,
+  // so that buffers nobody else holds are freed as the save progresses.
+  virtual std::vector<WriteResult> write_data(const SavePlan& plan, std::vector<c10::IValue>& data) = 0;
+  // Coordinator, after every rank wrote: makes the checkpoint visible, atomically.
+  virtual void finish(const Metadata& metadata) = 0;
+  // Every rank, after a failure anywhere: removes what this save wrote. Never throws.
+  virtual void abort() noexcept = 0;
+
+  // Blocks until the async_save in flight on this writer, if any, has finished (its
+  // outcome goes to its own future). Never throws. A subclass's destructor must call
+  // it first, because the background save uses the subclass.
+  void wait_for_pending_save() noexcept;
+  // Whether an async_save on this writer is still running.
+  bool has_pending_save() const;
+
+ private:
+  friend class PendingSaveAccess;
+  mutable std::mutex pending_mutex_;
+  std::thread pending_thread_;
+  std::shared_future<Metadata> pending_;
+};
+
+// A chunk to read, and the contiguous CPU buffer of location.length bytes it goes to.
+struct ChunkRead {
+  const EntryMetadata* entry = nullptr;
+  const TensorChunk* chunk = nullptr;
+  at::Tensor buffer;
+};
+
+class StorageReader {
+ public:
+  virtual ~StorageReader() = default;
+  // The committed checkpoint's metadata; the reader then holds on to that checkpoint
+  // (its data stays readable even if a writer replaces it) until the next call.
+  virtual Metadata read_metadata() = 0;
+  // Fills every buffer and verifies its checksum. Throws Error naming the entry and the
+  // file for a missing, short or corrupt chunk.
+  virtual void read_data(std::vector<ChunkRead>& reads) = 0;
+};
+
+}  // namespace stowage::dcp

@@ -1,0 +1,135 @@
+#include "dcp/file_io.h"
+#include "dcp/internal.h"
+
+#include <stowage/error.h>
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <chrono>
+#include <filesystem>
+#include <random>
+#include <system_error>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace stowage::dcp::detail {
+
+File& File::operator=(File&& other) noexcept {
+  if (this != &other) {
+    close();
+    fd_ = other.fd_;
+    path_ = std::move(other.path_);
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+File::~File() {
+  close();
+}
+
+void File::close() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+}
+
+File File::create(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) throw_errno(fmt::format("cannot create '{}'", path), errno);
+  return File(fd, path);
+}
+
+File File::open_for_reading(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) throw_errno(fmt::format("cannot open '{}'", path), errno);
+  File file(fd, path);
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) throw_errno(fmt::format("cannot stat '{}'", path), errno);
+  if (!S_ISREG(info.st_mode)) throw Error(fmt::format("'{}' is not a regular file", path));
+  return file;
+}
+
+void File::write_at(const void* data, int64_t length, int64_t offset) const {
+  const char* p = static_cast<const char*>(data);
+  while (length > 0) {
+    const ssize_t n = ::pwrite(fd_, p, static_cast<size_t>(std::min<int64_t>(length, int64_t(1) << 30)), offset);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw_errno(fmt::format("cannot write '{}' at offset {}", path_, offset), errno);
+    }
+    p += n;
+    offset += n;
+    length -= n;
+  }
+}
+
+void File::read_at(void* data, int64_t length, int64_t offset) const {
+  char* p = static_cast<char*>(data);
+  while (length > 0) {
+    const ssize_t n = ::pread(fd_, p, static_cast<size_t>(std::min<int64_t>(length, int64_t(1) << 30)), offset);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw_errno(fmt::format("cannot read '{}' at offset {}", path_, offset), errno);
+    }
+    if (n == 0) throw Error(fmt::format("short read: '{}' ends at offset {}", path_, offset));
+    p += n;
+    offset += n;
+    length -= n;
+  }
+}
+
+int64_t File::size() const {
+  struct stat info {};
+  if (::fstat(fd_, &info) != 0) throw_errno(fmt::format("cannot stat '{}'", path_), errno);
+  return static_cast<int64_t>(info.st_size);
+}
+
+void File::sync() const {
+  if (::fsync(fd_) != 0) throw_errno(fmt::format("cannot fsync '{}'", path_), errno);
+}
+
+std::string join_path(const std::string& directory, const std::string& name) {
+  return (std::filesystem::path(directory) / name).string();
+}
+
+bool file_exists(const std::string& path) {
+  struct stat info {};
+  return ::lstat(path.c_str(), &info) == 0;
+}
+
+std::string read_text_file(const std::string& path) {
+  const File file = File::open_for_reading(path);
+  std::string text(static_cast<size_t>(file.size()), '\0');
+  file.read_at(text.data(), static_cast<int64_t>(text.size()), 0);
+  return text;
+}
+
+void sync_directory(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw_errno(fmt::format("cannot open directory '{}'", path), errno);
+  const File directory(fd, path);
+  directory.sync();
+}
+
+void create_directories(const std::string& path) {
+  std::error_code error;
+  std::filesystem::create_directories(path, error);
+  if (error) throw Error(fmt::format("cannot create checkpoint directory '{}': {}", path, error.message()));
+  if (!std::filesystem::is_directory(path)) {
+    throw Error(fmt::format("checkpoint path '{}' exists and is not a directory", path));
+  }
+}
+
+std::string new_save_id() {
+  std::random_device device;
+  std::mt19937_64 generator((uint64_t(device()) << 32) ^ device() ^
+                            uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()));
+  return fmt::format("{:016x}", generator());
+}
+
+}  // namespace stowage::dcp::detail

@@ -1,0 +1,53 @@
+#pragma once
+
+// Thin, checked POSIX file operations for the file-system storage. Every error names
+// the file and says what failed.
+
+#include <cstdint>
+#include <string>
+
+namespace stowage::dcp::detail {
+
+// An owned file descriptor and the path it was opened by.
+class File {
+ public:
+  File() = default;
+  File(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  File(File&& other) noexcept : fd_(other.fd_), path_(std::move(other.path_)) { other.fd_ = -1; }
+  File& operator=(File&& other) noexcept;
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+  ~File();
+
+  // O_CREAT|O_EXCL: never reuses an existing file.
+  static File create(const std::string& path);
+  // Read-only, refusing symbolic links and anything but a regular file.
+  static File open_for_reading(const std::string& path);
+
+  int fd() const { return fd_; }
+  const std::string& path() const { return path_; }
+  bool is_open() const { return fd_ >= 0; }
+
+  void write_at(const void* data, int64_t length, int64_t offset) const;
+  // Throws Error ("short read") if the file ends first.
+  void read_at(void* data, int64_t length, int64_t offset) const;
+  int64_t size() const;
+  void sync() const;
+  void close();
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+};
+
+std::string join_path(const std::string& directory, const std::string& name);
+bool file_exists(const std::string& path);
+// The whole file; throws Error naming it if it cannot be read.
+std::string read_text_file(const std::string& path);
+void sync_directory(const std::string& path);
+// mkdir -p.
+void create_directories(const std::string& path);
+// 16 random hex digits.
+std::string new_save_id();
+
+}  // namespace stowage::dcp::detail

@@ -1,0 +1,239 @@
+#include "dcp/file_io.h"
+#include "dcp/internal.h"
+
+#include <stowage/dcp/filesystem.h>
+#include <stowage/error.h>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <unordered_set>
+
+#include <unistd.h>
+
+namespace stowage::dcp {
+namespace {
+
+// Bytes hashed and written per system call: large enough for full disk speed, small
+// enough that the hash reads what is still in cache.
+constexpr int64_t kPieceBytes = int64_t(8) << 20;
+
+int64_t align_up(int64_t offset) {
+  return (offset + kChunkAlignment - 1) / kChunkAlignment * kChunkAlignment;
+}
+
+// A data file and the plan items that go into it, in order.
+struct FileJob {
+  std::string name;
+  std::vector<const WriteItem*> items;
+};
+
+std::vector<FileJob> assign_files(const SavePlan& plan, const FileSystemWriterOptions& options) {
+  std::vector<const WriteItem*> items;
+  for (const WriteItem& item : plan.items) {
+    if (item.kind == EntryKind::kTensor) items.push_back(&item);
+  }
+  std::vector<FileJob> jobs;
+  if (!options.single_file_per_rank()) {
+    for (size_t i = 0; i < items.size(); ++i) {
+      jobs.push_back(FileJob{fmt::format("{}-i{}.data", plan.file_prefix, i), {items[i]}});
+    }
+    return jobs;
+  }
+  // Largest first, each into the file with the fewest bytes so far: balanced threads.
+  std::stable_sort(items.begin(), items.end(),
+                   [](const WriteItem* a, const WriteItem* b) { return a->nbytes > b->nbytes; });
+  const size_t count = static_cast<size_t>(options.thread_count());
+  std::vector<int64_t> bytes(count, 0);
+  jobs.resize(count);
+  for (size_t k = 0; k < count; ++k) jobs[k].name = fmt::format("{}-{}.data", plan.file_prefix, k);
+  for (const WriteItem* item : items) {
+    const size_t lightest = std::min_element(bytes.begin(), bytes.end()) - bytes.begin();
+    jobs[lightest].items.push_back(item);
+    bytes[lightest] += item->nbytes;
+  }
+  jobs.erase(std::remove_if(jobs.begin(), jobs.end(), [](const FileJob& job) { return job.items.empty(); }),
+             jobs.end());
+  return jobs;
+}
+
+}  // namespace
+
+FileSystemWriter::FileSystemWriter(std::string path, FileSystemWriterOptions options)
+    : BlockingAsyncStager(options.cache_staged_state_dict()), path_(std::move(path)), options_(options) {
+  if (path_.empty()) throw InvalidArgument("FileSystemWriter: the checkpoint path is empty");
+  if (options_.thread_count() < 1) {
+    throw InvalidArgument(fmt::format("FileSystemWriter: thread_count must be at least 1, got {}",
+                                      options_.thread_count()));
+  }
+  if (options_.per_thread_copy_ahead() < 0) {
+    throw InvalidArgument(fmt::format("FileSystemWriter: per_thread_copy_ahead must not be negative, got {}",
+                                      options_.per_thread_copy_ahead()));
+  }
+}
+
+FileSystemWriter::~FileSystemWriter() {
+  wait_for_pending_save();
+}
+
+StateDict FileSystemWriter::stage(const StateDict& state) {
+  // Staged data is on the CPU already: copying ahead of the writes buys nothing.
+  options_.per_thread_copy_ahead(0);
+  return BlockingAsyncStager::stage(state);
+}
+
+void FileSystemWriter::on_item_written(const WriteResult&) {}
+
+SavePlan FileSystemWriter::prepare_local_plan(SavePlan plan) {
+  detail::create_directories(path_);
+  if (!options_.overwrite() && detail::file_exists(detail::join_path(path_, kMetadataFileName))) {
+    throw InvalidArgument(fmt::format(
+        "FileSystemWriter: '{}' already holds a checkpoint and the option overwrite is off", path_));
+  }
+  std::lock_guard<std::mutex> lock(created_mutex_);
+  created_files_.clear();
+  return plan;
+}
+
+std::vector<SavePlan> FileSystemWriter::prepare_global_plan(std::vector<SavePlan> plans, const Metadata& metadata) {
+  for (SavePlan& plan : plans) {
+    plan.file_prefix = fmt::format("data-{}-r{}", metadata.save_id, plan.rank);
+  }
+  return plans;
+}
+
+std::vector<WriteResult> FileSystemWriter::write_data(const SavePlan& plan, std::vector<c10::IValue>& data) {
+  const std::vector<FileJob> jobs = assign_files(plan, options_);
+  std::vector<std::vector<WriteResult>> results(jobs.size());
+  std::atomic<size_t> next_job{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr first_error;
+  std::mutex error_mutex;
+
+  const auto write_file = [&](const FileJob& job, std::vector<WriteResult>& out) {
+    const std::string file_path = detail::join_path(path_, job.name);
+    {
+      std::lock_guard<std::mutex> lock(created_mutex_);
+      created_files_.push_back(file_path);
+    }
+    detail::File file = detail::File::create(file_path);
+    int64_t end = 0;
+    for (const WriteItem* item : job.items) {
+      if (failed.load()) return;
+      WriteResult result;
+      result.fqn = item->fqn;
+      result.box = item->box;
+      result.rank = plan.rank;
+      result.location.file = job.name;
+      result.location.offset = align_up(end);
+      {
+        // Raw row-major bytes: contiguous, on the CPU, with lazy conjugation/negation
+        // resolved.
+        const at::Tensor host =
+            data[item->data_index].toTensor().resolve_conj().resolve_neg().to(c10::kCPU).contiguous();
+        const int64_t length = static_cast<int64_t>(host.nbytes());
+        const char* bytes = static_cast<const char*>(host.data_ptr());
+        XXH3_state_t* state = XXH3_createState();
+        XXH3_64bits_reset(state);
+        try {
+          for (int64_t done = 0; done < length; done += kPieceBytes) {
+            const int64_t piece = std::min(kPieceBytes, length - done);
+            XXH3_64bits_update(state, bytes + done, static_cast<size_t>(piece));
+            file.write_at(bytes + done, piece, result.location.offset + done);
+          }
+        } catch (...) {
+          XXH3_freeState(state);
+          throw;
+        }
+        result.location.checksum = XXH3_64bits_digest(state);
+        XXH3_freeState(state);
+        result.location.length = length;
+        end = result.location.offset + length;
+      }
+      // The bytes are in the file: drop our reference, freeing a buffer nobody else holds.
+      data[item->data_index] = c10::IValue();
+      on_item_written(result);
+      out.push_back(std::move(result));
+    }
+    if (options_.sync_files()) file.sync();
+    file.close();
+  };
+  const auto worker = [&] {
+    for (size_t j = next_job++; j < jobs.size(); j = next_job++) {
+      try {
+        write_file(jobs[j], results[j]);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!first_error) first_error = std::current_exception();
+        failed = true;
+      }
+    }
+  };
+  std::vector<std::thread> helpers;
+  const size_t thread_count = std::min<size_t>(jobs.size(), static_cast<size_t>(options_.thread_count()));
+  for (size_t t = 1; t < thread_count; ++t) helpers.emplace_back(worker);
+  worker();
+  for (std::thread& helper : helpers) helper.join();
+  if (first_error) std::rethrow_exception(first_error);
+
+  std::vector<WriteResult> all;
+  for (auto& file_results : results) {
+    for (WriteResult& result : file_results) all.push_back(std::move(result));
+  }
+  return all;
+}
+
+void FileSystemWriter::finish(const Metadata& metadata) {
+  const std::string text = encode_metadata(metadata);
+  const std::string final_path = detail::join_path(path_, kMetadataFileName);
+  const std::string temp_path = fmt::format("{}.tmp-{}", final_path, metadata.save_id);
+  {
+    std::lock_guard<std::mutex> lock(created_mutex_);
+    created_files_.push_back(temp_path);
+  }
+  detail::File file = detail::File::create(temp_path);
+  file.write_at(text.data(), static_cast<int64_t>(text.size()), 0);
+  if (options_.sync_files()) file.sync();
+  file.close();
+
+  // The data files of the checkpoint being replaced, to delete once the new one is
+  // committed. An unreadable old metadata file leaves its files in place.
+  std::vector<std::string> old_files;
+  if (detail::file_exists(final_path)) {
+    try {
+      old_files = decode_metadata(detail::read_text_file(final_path), final_path).files();
+    } catch (const Error&) {
+    }
+  }
+  if (!options_.overwrite() && detail::file_exists(final_path)) {
+    throw InvalidArgument(fmt::format(
+        "FileSystemWriter: '{}' already holds a checkpoint and the option overwrite is off", path_));
+  }
+  if (std::rename(temp_path.c_str(), final_path.c_str()) != 0) {
+    detail::throw_errno(fmt::format("cannot commit checkpoint metadata '{}'", final_path), errno);
+  }
+  // Committed: nothing of this save may be removed any more.
+  {
+    std::lock_guard<std::mutex> lock(created_mutex_);
+    created_files_.clear();
+  }
+  if (options_.sync_files()) detail::sync_directory(path_);
+
+  const std::vector<std::string> new_files = metadata.files();
+  const std::unordered_set<std::string> keep(new_files.begin(), new_files.end());
+  for (const std::string& name : old_files) {
+    if (keep.count(name) == 0) ::unlink(detail::join_path(path_, name).c_str());
+  }
+}
+
+void FileSystemWriter::abort() noexcept {
+  std::lock_guard<std::mutex> lock(created_mutex_);
+  for (const std::string& file : created_files_) ::unlink(file.c_str());
+  created_files_.clear();
+}
+
+}  // namespace stowage::dcp

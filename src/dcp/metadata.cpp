@@ -1,0 +1,433 @@
+#include "dcp/internal.h"
+
+#include <stowage/dcp/metadata.h>
+#include <stowage/error.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <unordered_set>
+
+namespace stowage::dcp {
+namespace {
+
+using nlohmann::json;
+
+// The dtypes a checkpoint may hold: every dense type LibTorch 1.13 has.
+constexpr std::array<c10::ScalarType, 13> kDtypes = {
+    c10::kByte,  c10::kChar,        c10::kShort,        c10::kInt,           c10::kLong,
+    c10::kHalf,  c10::kFloat,       c10::kDouble,       c10::kComplexHalf,   c10::kComplexFloat,
+    c10::kComplexDouble, c10::kBool, c10::kBFloat16};
+
+std::string dtype_name(c10::ScalarType dtype) {
+  return c10::toString(dtype);
+}
+
+// ------------------------------------------------------------------ encoding
+
+std::string hex64(uint64_t value) {
+  return fmt::format("{:016x}", value);
+}
+
+json encode_path(const ObjectPath& path) {
+  json out = json::array();
+  for (const PathElement& element : path) {
+    if (const auto* key = std::get_if<std::string>(&element)) {
+      out.push_back(*key);
+    } else {
+      out.push_back(std::get<int64_t>(element));
+    }
+  }
+  return out;
+}
+
+json encode_scalar(const c10::IValue& value, const std::string& fqn) {
+  if (value.isNone()) return json{{"t", "none"}};
+  if (value.isBool()) return json{{"t", "bool"}, {"v", value.toBool()}};
+  if (value.isInt()) return json{{"t", "int"}, {"v", value.toInt()}};
+  if (value.isDouble()) {
+    const double d = value.toDouble();
+    if (std::isnan(d)) return json{{"t", "double"}, {"v", "nan"}};
+    if (std::isinf(d)) return json{{"t", "double"}, {"v", d > 0 ? "inf" : "-inf"}};
+    return json{{"t", "double"}, {"v", d}};
+  }
+  if (value.isString()) return json{{"t", "str"}, {"v", value.toStringRef()}};
+  throw InvalidArgument(fmt::format("checkpoint entry '{}' holds a {}, which a checkpoint cannot store", fqn,
+                                    value.tagKind()));
+}
+
+json encode_value(const c10::IValue& value, const std::string& fqn) {
+  if (value.isGenericDict()) {
+    if (value.toGenericDict().size() != 0) {
+      throw InvalidArgument(fmt::format("checkpoint entry '{}' is a non-empty dict, not a leaf", fqn));
+    }
+    return json{{"t", "dict"}};
+  }
+  if (value.isList()) {
+    const auto list = value.toList();
+    const c10::TypePtr& type = list.elementType();
+    const char* elem = type->kind() == c10::TypeKind::IntType      ? "int"
+                       : type->kind() == c10::TypeKind::FloatType  ? "double"
+                       : type->kind() == c10::TypeKind::BoolType   ? "bool"
+                       : type->kind() == c10::TypeKind::StringType ? "str"
+                                                                   : "any";
+    json items = json::array();
+    for (const c10::IValue& element : list) {
+      items.push_back(encode_scalar(element, fqn));
+    }
+    return json{{"t", "list"}, {"elem", elem}, {"v", std::move(items)}};
+  }
+  return encode_scalar(value, fqn);
+}
+
+// ------------------------------------------------------------------ decoding
+//
+// Every accessor checks presence and type, and says where the problem is.
+
+struct Decoder {
+  const std::string& origin;
+
+  [[noreturn]] void fail(const std::string& where, const std::string& what) const {
+    throw Error(fmt::format("checkpoint metadata {}: {}: {}", origin, where, what));
+  }
+
+  const json& field(const json& object, const char* key, const std::string& where) const {
+    if (!object.is_object()) fail(where, "expected an object");
+    const auto it = object.find(key);
+    if (it == object.end()) fail(where, fmt::format("missing field '{}'", key));
+    return *it;
+  }
+  int64_t integer(const json& object, const char* key, const std::string& where) const {
+    const json& v = field(object, key, where);
+    if (!v.is_number_integer()) fail(where, fmt::format("field '{}' must be an integer", key));
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      fail(where, fmt::format("field '{}' is out of range", key));
+    }
+    return v.get<int64_t>();
+  }
+  int64_t non_negative(const json& object, const char* key, const std::string& where) const {
+    const int64_t v = integer(object, key, where);
+    if (v < 0) fail(where, fmt::format("field '{}' must not be negative", key));
+    return v;
+  }
+  std::string string(const json& object, const char* key, const std::string& where) const {
+    const json& v = field(object, key, where);
+    if (!v.is_string()) fail(where, fmt::format("field '{}' must be a string", key));
+    return v.get<std::string>();
+  }
+  std::vector<int64_t> int_list(const json& object, const char* key, const std::string& where) const {
+    const json& v = field(object, key, where);
+    if (!v.is_array()) fail(where, fmt::format("field '{}' must be a list of integers", key));
+    std::vector<int64_t> out;
+    for (const json& element : v) {
+      if (!element.is_number_integer() || (element.is_number_unsigned() &&
+                                           element.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))) {
+        fail(where, fmt::format("field '{}' must be a list of integers", key));
+      }
+      out.push_back(element.get<int64_t>());
+    }
+    return out;
+  }
+
+  c10::ScalarType dtype(const std::string& name, const std::string& where) const {
+    for (c10::ScalarType candidate : kDtypes) {
+      if (dtype_name(candidate) == name) return candidate;
+    }
+    fail(where, fmt::format("unknown dtype '{}'", name));
+  }
+
+  ObjectPath path(const json& object, const std::string& where) const {
+    const json& v = field(object, "path", where);
+    if (!v.is_array() || v.empty()) fail(where, "field 'path' must be a non-empty list");
+    ObjectPath out;
+    for (const json& element : v) {
+      if (element.is_string()) {
+        out.emplace_back(element.get<std::string>());
+      } else if (element.is_number_integer() && element.get<int64_t>() >= 0) {
+        out.emplace_back(element.get<int64_t>());
+      } else {
+        fail(where, "field 'path' may hold only keys and list indices");
+      }
+    }
+    if (!std::holds_alternative<std::string>(out.front())) fail(where, "field 'path' must start with a key");
+    return out;
+  }
+
+  c10::IValue scalar(const json& v, const std::string& where) const {
+    const std::string type = string(v, "t", where);
+    if (type == "none") return c10::IValue();
+    const json& value = field(v, "v", where);
+    if (type == "bool" && value.is_boolean()) return value.get<bool>();
+    if (type == "int" && value.is_number_integer() && !value.is_number_unsigned()) return value.get<int64_t>();
+    if (type == "int" && value.is_number_unsigned() &&
+        value.get<uint64_t>() <= uint64_t(std::numeric_limits<int64_t>::max())) {
+      return value.get<int64_t>();
+    }
+    if (type == "double" && value.is_number()) return value.get<double>();
+    if (type == "double" && value.is_string()) {
+      const std::string s = value.get<std::string>();
+      if (s == "nan") return std::numeric_limits<double>::quiet_NaN();
+      if (s == "inf") return std::numeric_limits<double>::infinity();
+      if (s == "-inf") return -std::numeric_limits<double>::infinity();
+    }
+    if (type == "str" && value.is_string()) return value.get<std::string>();
+    fail(where, fmt::format("malformed value of type '{}'", type));
+  }
+
+  c10::IValue value(const json& v, const std::string& where) const {
+    const std::string type = string(v, "t", where);
+    if (type == "dict") return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
+    if (type != "list") return scalar(v, where);
+    const std::string elem = string(v, "elem", where);
+    const json& items = field(v, "v", where);
+    if (!items.is_array()) fail(where, "list value must hold a list");
+    c10::TypePtr element_type = elem == "int"      ? c10::TypePtr(c10::IntType::get())
+                                : elem == "double" ? c10::TypePtr(c10::FloatType::get())
+                                : elem == "bool"   ? c10::TypePtr(c10::BoolType::get())
+                                : elem == "str"    ? c10::TypePtr(c10::StringType::get())
+                                : elem == "any"    ? c10::TypePtr(c10::AnyType::get())
+                                                   : nullptr;
+    if (!element_type) fail(where, fmt::format("unknown list element type '{}'", elem));
+    c10::impl::GenericList list(element_type);
+    for (const json& item : items) {
+      c10::IValue element = scalar(item, where);
+      if (elem != "any" && !element.type()->isSubtypeOf(*element_type)) {
+        fail(where, fmt::format("list of {} holds a {}", elem, element.tagKind()));
+      }
+      list.push_back(std::move(element));
+    }
+    return list;
+  }
+};
+
+}  // namespace
+
+namespace detail {
+
+int64_t checked_volume(const std::vector<int64_t>& sizes, const std::string& what) {
+  int64_t volume = 1;
+  for (int64_t size : sizes) {
+    if (size < 0) throw Error(fmt::format("{}: negative size {}", what, size));
+    if (size != 0 && volume > std::numeric_limits<int64_t>::max() / size) {
+      throw Error(fmt::format("{}: the size overflows", what));
+    }
+    volume *= size;
+  }
+  return volume;
+}
+
+void check_tiling(const std::vector<int64_t>& shape, const std::vector<ChunkBox>& chunks, const std::string& what) {
+  const int64_t total = checked_volume(shape, what);
+  int64_t covered = 0;
+  for (const ChunkBox& box : chunks) {
+    if (box.offsets.size() != shape.size() || box.sizes.size() != shape.size()) {
+      throw Error(fmt::format("{}: a chunk has {} dimensions, the tensor {}", what, box.sizes.size(), shape.size()));
+    }
+    for (size_t d = 0; d < shape.size(); ++d) {
+      if (box.offsets[d] < 0 || box.sizes[d] < 0 || box.offsets[d] > shape[d] - box.sizes[d]) {
+        throw Error(fmt::format("{}: chunk at [{}] of size [{}] leaves the tensor of shape [{}]", what,
+                                fmt::join(box.offsets, ", "), fmt::join(box.sizes, ", "), fmt::join(shape, ", ")));
+      }
+    }
+    covered += checked_volume(box.sizes, what);
+  }
+  // Pairwise disjoint boxes inside the tensor whose volumes add up to it tile it.
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    for (size_t j = i + 1; j < chunks.size(); ++j) {
+      bool overlap = checked_volume(chunks[i].sizes, what) != 0 && checked_volume(chunks[j].sizes, what) != 0;
+      for (size_t d = 0; overlap && d < shape.size(); ++d) {
+        overlap = chunks[i].offsets[d] < chunks[j].offsets[d] + chunks[j].sizes[d] &&
+                  chunks[j].offsets[d] < chunks[i].offsets[d] + chunks[i].sizes[d];
+      }
+      if (overlap) {
+        throw Error(fmt::format("{}: chunks at [{}] and [{}] overlap", what, fmt::join(chunks[i].offsets, ", "),
+                                fmt::join(chunks[j].offsets, ", ")));
+      }
+    }
+  }
+  if (covered != total) {
+    throw Error(fmt::format("{}: the chunks cover {} of {} elements", what, covered, total));
+  }
+}
+
+void throw_errno(const std::string& what, int error_number) {
+  throw Error(fmt::format("{}: {}", what, std::strerror(error_number)));
+}
+
+}  // namespace detail
+
+int64_t element_size(c10::ScalarType dtype) {
+  return static_cast<int64_t>(c10::elementSize(dtype));
+}
+
+bool is_safe_file_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\0') == std::string::npos;
+}
+
+void Metadata::index() {
+  by_fqn_.clear();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (!by_fqn_.emplace(entries[i].fqn, i).second) {
+      throw InvalidArgument(fmt::format("checkpoint metadata lists entry '{}' twice", entries[i].fqn));
+    }
+  }
+}
+
+const EntryMetadata* Metadata::find(const std::string& fqn) const {
+  const auto it = by_fqn_.find(fqn);
+  return it == by_fqn_.end() ? nullptr : &entries[it->second];
+}
+
+std::vector<std::string> Metadata::files() const {
+  std::vector<std::string> out;
+  std::unordered_set<std::string> seen;
+  for (const EntryMetadata& entry : entries) {
+    for (const TensorChunk& chunk : entry.chunks) {
+      if (seen.insert(chunk.location.file).second) out.push_back(chunk.location.file);
+    }
+  }
+  return out;
+}
+
+std::string encode_metadata(const Metadata& metadata) {
+  json entries = json::array();
+  for (const EntryMetadata& entry : metadata.entries) {
+    json e{{"fqn", entry.fqn}, {"path", encode_path(entry.path)}};
+    if (entry.kind == EntryKind::kTensor) {
+      e["kind"] = "tensor";
+      e["dtype"] = dtype_name(entry.dtype);
+      e["shape"] = entry.shape;
+      json chunks = json::array();
+      for (const TensorChunk& chunk : entry.chunks) {
+        chunks.push_back(json{{"offsets", chunk.box.offsets},
+                              {"sizes", chunk.box.sizes},
+                              {"rank", chunk.rank},
+                              {"file", chunk.location.file},
+                              {"offset", chunk.location.offset},
+                              {"length", chunk.location.length},
+                              {"xxh3", hex64(chunk.location.checksum)}});
+      }
+      e["chunks"] = std::move(chunks);
+    } else {
+      e["kind"] = "value";
+      e["value"] = encode_value(entry.value, entry.fqn);
+    }
+    entries.push_back(std::move(e));
+  }
+  const json document{{"format", "stowage.dcp"},       {"version", metadata.version},
+                      {"save_id", metadata.save_id},    {"world_size", metadata.world_size},
+                      {"byte_order", "little"},         {"alignment", kChunkAlignment},
+                      {"entries", std::move(entries)}};
+  try {
+    return document.dump(1);
+  } catch (const json::type_error& e) {
+    // The only failure dump() has: a string that is not UTF-8. Find whose.
+    for (const EntryMetadata& entry : metadata.entries) {
+      try {
+        json{{"fqn", entry.fqn}}.dump();
+      } catch (const json::type_error&) {
+        throw InvalidArgument(fmt::format("checkpoint entry '{}': its name is not valid UTF-8", entry.fqn));
+      }
+    }
+    throw InvalidArgument(fmt::format("checkpoint metadata holds a string that is not valid UTF-8 ({})", e.what()));
+  }
+}
+
+Metadata decode_metadata(const std::string& text, const std::string& origin) {
+  const Decoder d{origin};
+  json document;
+  try {
+    document = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw Error(fmt::format("checkpoint metadata {} is not valid JSON: {}", origin, e.what()));
+  }
+  if (!document.is_object() || d.string(document, "format", "header") != "stowage.dcp") {
+    d.fail("header", "not a stowage.dcp checkpoint");
+  }
+  Metadata metadata;
+  metadata.version = d.integer(document, "version", "header");
+  if (metadata.version != kFormatVersion) {
+    d.fail("header", fmt::format("format version {} is not supported (this build reads version {})",
+                                 metadata.version, kFormatVersion));
+  }
+  if (d.string(document, "byte_order", "header") != "little") d.fail("header", "only little-endian data is supported");
+  metadata.save_id = d.string(document, "save_id", "header");
+  metadata.world_size = d.non_negative(document, "world_size", "header");
+  const json& entries = d.field(document, "entries", "header");
+  if (!entries.is_array()) d.fail("header", "field 'entries' must be a list");
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const json& e = entries[i];
+    EntryMetadata entry;
+    entry.fqn = d.string(e, "fqn", fmt::format("entry {}", i));
+    const std::string where = fmt::format("entry '{}'", entry.fqn);
+    entry.path = d.path(e, where);
+    if (path_to_string(entry.path) != entry.fqn) d.fail(where, "its path does not match its name");
+    const std::string kind = d.string(e, "kind", where);
+    if (kind == "value") {
+      entry.kind = EntryKind::kValue;
+      entry.value = d.value(d.field(e, "value", where), where);
+    } else if (kind == "tensor") {
+      entry.kind = EntryKind::kTensor;
+      entry.dtype = d.dtype(d.string(e, "dtype", where), where);
+      entry.shape = d.int_list(e, "shape", where);
+      const json& chunks = d.field(e, "chunks", where);
+      if (!chunks.is_array()) d.fail(where, "field 'chunks' must be a list");
+      std::vector<ChunkBox> boxes;
+      for (const json& c : chunks) {
+        TensorChunk chunk;
+        chunk.box.offsets = d.int_list(c, "offsets", where);
+        chunk.box.sizes = d.int_list(c, "sizes", where);
+        chunk.rank = d.non_negative(c, "rank", where);
+        chunk.location.file = d.string(c, "file", where);
+        if (!is_safe_file_name(chunk.location.file)) {
+          d.fail(where, fmt::format("file name '{}' would leave the checkpoint directory", chunk.location.file));
+        }
+        chunk.location.offset = d.non_negative(c, "offset", where);
+        chunk.location.length = d.non_negative(c, "length", where);
+        if (chunk.location.offset > std::numeric_limits<int64_t>::max() - chunk.location.length) {
+          d.fail(where, "chunk byte range overflows");
+        }
+        const std::string checksum = d.string(c, "xxh3", where);
+        char* end = nullptr;
+        errno = 0;
+        chunk.location.checksum = std::strtoull(checksum.c_str(), &end, 16);
+        if (checksum.size() != 16 || errno != 0 || end != checksum.c_str() + checksum.size()) {
+          d.fail(where, "field 'xxh3' must be 16 hex digits");
+        }
+        boxes.push_back(chunk.box);
+        entry.chunks.push_back(std::move(chunk));
+      }
+      try {
+        detail::check_tiling(entry.shape, boxes, where);
+        for (const TensorChunk& chunk : entry.chunks) {
+          const int64_t volume = detail::checked_volume(chunk.box.sizes, where);
+          if (volume > std::numeric_limits<int64_t>::max() / element_size(entry.dtype) ||
+              chunk.location.length != volume * element_size(entry.dtype)) {
+            d.fail(where, fmt::format("a chunk of {} elements of {} cannot be {} bytes", volume,
+                                      dtype_name(entry.dtype), chunk.location.length));
+          }
+        }
+      } catch (const Error& e) {
+        if (std::string(e.what()).rfind("checkpoint metadata", 0) == 0) throw;
+        throw Error(fmt::format("checkpoint metadata {}: {}", origin, e.what()));
+      }
+    } else {
+      d.fail(where, fmt::format("unknown kind '{}'", kind));
+    }
+    metadata.entries.push_back(std::move(entry));
+  }
+  try {
+    metadata.index();
+  } catch (const InvalidArgument& e) {
+    d.fail("entries", e.what());
+  }
+  return metadata;
+}
+
+}  // namespace stowage::dcp

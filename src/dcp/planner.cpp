@@ -1,0 +1,172 @@
+#include "dcp/internal.h"
+
+#include <stowage/dcp/planner.h>
+#include <stowage/error.h>
+
+#include <ATen/core/Tensor.h>
+#include <fmt/format.h>
+
+#include <map>
+#include <unordered_map>
+
+namespace stowage::dcp {
+namespace {
+
+std::string describe_shape(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+}  // namespace
+
+SavePlan create_local_save_plan(const FlatStateDict& state, int64_t rank) {
+  SavePlan plan;
+  plan.rank = rank;
+  for (size_t i = 0; i < state.entries().size(); ++i) {
+    const FlatEntry& entry = state.entries()[i];
+    WriteItem item;
+    item.fqn = entry.fqn;
+    item.path = entry.path;
+    item.data_index = i;
+    if (entry.value.isTensor()) {
+      const at::Tensor& tensor = entry.value.toTensor();
+      if (!tensor.defined()) {
+        throw InvalidArgument(fmt::format("checkpoint entry '{}' is an undefined tensor", entry.fqn));
+      }
+      if (tensor.layout() != c10::kStrided || tensor.is_quantized()) {
+        throw InvalidArgument(fmt::format("checkpoint entry '{}' is a {} tensor; only dense tensors can be saved",
+                                          entry.fqn, c10::toString(tensor.layout())));
+      }
+      item.kind = EntryKind::kTensor;
+      item.dtype = tensor.scalar_type();
+      item.global_shape = tensor.sizes().vec();
+      item.box.offsets.assign(item.global_shape.size(), 0);
+      item.box.sizes = item.global_shape;
+      item.nbytes = static_cast<int64_t>(tensor.nbytes());
+    } else {
+      item.kind = EntryKind::kValue;
+      item.value = entry.value;
+    }
+    plan.items.push_back(std::move(item));
+  }
+  return plan;
+}
+
+GlobalSavePlan create_global_save_plan(std::vector<SavePlan> local_plans) {
+  GlobalSavePlan global;
+  global.metadata.world_size = static_cast<int64_t>(local_plans.size());
+
+  // Entries in first-seen order (the lowest rank's order first), checked for agreement.
+  std::unordered_map<std::string, size_t> entry_of;
+  std::unordered_map<std::string, int64_t> first_rank;
+  for (const SavePlan& plan : local_plans) {
+    for (const WriteItem& item : plan.items) {
+      const auto [it, inserted] = entry_of.emplace(item.fqn, global.metadata.entries.size());
+      if (inserted) {
+        EntryMetadata entry;
+        entry.fqn = item.fqn;
+        entry.path = item.path;
+        entry.kind = item.kind;
+        entry.dtype = item.dtype;
+        entry.shape = item.global_shape;
+        entry.value = item.value;
+        global.metadata.entries.push_back(std::move(entry));
+        first_rank[item.fqn] = plan.rank;
+        continue;
+      }
+      const EntryMetadata& entry = global.metadata.entries[it->second];
+      const bool agree = entry.kind == item.kind && entry.path == item.path &&
+                         (item.kind == EntryKind::kValue ||
+                          (entry.dtype == item.dtype && entry.shape == item.global_shape));
+      if (!agree) {
+        throw Error(fmt::format(
+            "checkpoint entry '{}' differs between ranks {} and {} (kind, dtype or global shape {} vs {})", item.fqn,
+            first_rank[item.fqn], plan.rank, describe_shape(entry.shape), describe_shape(item.global_shape)));
+      }
+    }
+  }
+
+  // Each distinct tensor box is written once, by the rank with the fewest bytes so far.
+  std::vector<int64_t> planned_bytes(local_plans.size(), 0);
+  std::map<std::pair<std::string, std::vector<int64_t>>, int64_t> writer_of;  // (fqn, offsets) -> rank
+  std::vector<std::vector<ChunkBox>> boxes(global.metadata.entries.size());
+  for (const SavePlan& plan : local_plans) {
+    for (const WriteItem& item : plan.items) {
+      if (item.kind != EntryKind::kTensor) continue;
+      const auto key = std::make_pair(item.fqn, item.box.offsets);
+      const auto it = writer_of.find(key);
+      if (it == writer_of.end()) {
+        writer_of.emplace(key, plan.rank);
+        planned_bytes[plan.rank] += item.nbytes;
+        boxes[entry_of.at(item.fqn)].push_back(item.box);
+      } else if (planned_bytes[plan.rank] < planned_bytes[it->second]) {
+        planned_bytes[it->second] -= item.nbytes;
+        planned_bytes[plan.rank] += item.nbytes;
+        it->second = plan.rank;
+      }
+    }
+  }
+  for (size_t i = 0; i < global.metadata.entries.size(); ++i) {
+    const EntryMetadata& entry = global.metadata.entries[i];
+    if (entry.kind == EntryKind::kTensor) {
+      detail::check_tiling(entry.shape, boxes[i], fmt::format("checkpoint entry '{}'", entry.fqn));
+    }
+  }
+  for (SavePlan& plan : local_plans) {
+    std::vector<WriteItem> kept;
+    for (WriteItem& item : plan.items) {
+      if (item.kind == EntryKind::kTensor && writer_of.at({item.fqn, item.box.offsets}) == plan.rank) {
+        kept.push_back(std::move(item));
+      }
+    }
+    plan.items = std::move(kept);
+  }
+  global.plans = std::move(local_plans);
+  global.metadata.index();
+  return global;
+}
+
+void record_write_results(Metadata& metadata, const std::vector<std::vector<WriteResult>>& results_by_rank) {
+  std::map<std::pair<std::string, std::vector<int64_t>>, const WriteResult*> by_box;
+  for (const auto& results : results_by_rank) {
+    for (const WriteResult& result : results) {
+      by_box[{result.fqn, result.box.offsets}] = &result;
+    }
+  }
+  for (EntryMetadata& entry : metadata.entries) {
+    if (entry.kind != EntryKind::kTensor) continue;
+    entry.chunks.clear();
+    for (auto it = by_box.lower_bound({entry.fqn, {}}); it != by_box.end() && it->first.first == entry.fqn; ++it) {
+      const WriteResult& result = *it->second;
+      entry.chunks.push_back(TensorChunk{result.box, result.location, result.rank});
+    }
+    std::vector<ChunkBox> boxes;
+    for (const TensorChunk& chunk : entry.chunks) boxes.push_back(chunk.box);
+    detail::check_tiling(entry.shape, boxes, fmt::format("checkpoint entry '{}' after writing", entry.fqn));
+  }
+}
+
+std::vector<ReadItem> create_read_items(const EntryMetadata& entry, const ChunkBox& destination) {
+  std::vector<ReadItem> items;
+  const size_t dims = entry.shape.size();
+  for (size_t c = 0; c < entry.chunks.size(); ++c) {
+    const ChunkBox& saved = entry.chunks[c].box;
+    ReadItem item;
+    item.chunk_index = c;
+    bool overlaps = true;
+    for (size_t d = 0; d < dims && overlaps; ++d) {
+      const int64_t begin = std::max(saved.offsets[d], destination.offsets[d]);
+      const int64_t end = std::min(saved.offsets[d] + saved.sizes[d], destination.offsets[d] + destination.sizes[d]);
+      overlaps = begin < end;
+      item.storage_offsets.push_back(begin - saved.offsets[d]);
+      item.dest_offsets.push_back(begin - destination.offsets[d]);
+      item.lengths.push_back(end - begin);
+    }
+    // A 0-dim tensor overlaps its one chunk; an empty tensor needs no reads.
+    if (overlaps && detail::checked_volume(saved.sizes, entry.fqn) != 0) {
+      items.push_back(std::move(item));
+    }
+  }
+  return items;
+}
+
+}  // namespace stowage::dcp

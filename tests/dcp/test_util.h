@@ -1,0 +1,76 @@
+#pragma once
+
+// Helpers shared by the dcp tests: a scratch directory, the test device, file surgery.
+
+#include <stowage/dcp/dcp.h>
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <stdlib.h>
+
+namespace stowage::dcp::testing {
+
+// A fresh directory under the system temp directory, removed with its contents.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    const char* base = std::getenv("TMPDIR");
+    std::string pattern = std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/stowage-dcp-XXXXXX";
+    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = pattern;
+  }
+  ~ScratchDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  const std::string& path() const { return path_; }
+  std::string sub(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// The device the tests run on: the build's accelerator if it has one, else the CPU.
+inline c10::Device test_device() {
+#if defined(STOWAGE_WITH_CUDA)
+  if (torch::cuda::is_available()) return c10::Device(c10::kCUDA, 0);
+#endif
+  return c10::Device(c10::kCPU);
+}
+
+inline std::vector<std::string> list_files(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+inline std::vector<std::string> data_files(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const std::string& name : list_files(dir)) {
+    if (name.rfind("data-", 0) == 0) names.push_back(name);
+  }
+  return names;
+}
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+inline void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+}
+
+inline std::string metadata_path(const std::string& dir) {
+  return dir + "/" + kMetadataFileName;
+}
+
+}  // namespace stowage::dcp::testing
