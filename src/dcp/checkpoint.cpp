@@ -108,7 +108,7 @@ Metadata save_snapshot(StateDict snapshot, StorageWriter& writer) {
   std::vector<c10::IValue> data;
   {
     const FlatStateDict flat = flatten_state_dict(snapshot);
-    snapshot = StateDict();  // StateDict shares on copy and has no move: drop it explicitly
+    snapshot = StateDict();  // drop this handle, so that the writer frees each buffer once written
     plan = create_local_save_plan(flat, /*rank=*/0);
     data = leaves_of(flat);
   }

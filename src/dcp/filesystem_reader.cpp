@@ -56,15 +56,16 @@ Metadata FileSystemReader::read_metadata() {
     std::string missing;
     for (const std::string& name : metadata.files()) {
       const std::string file_path = detail::join_path(path_, name);
-      if (!detail::file_exists(file_path)) {
-        missing = name;
-        break;
-      }
       auto open = std::make_shared<OpenFile>();
       try {
         open->file = detail::File::open_for_reading(file_path);
         open->size = open->file.size();
       } catch (const Error& e) {
+        // Gone, possibly between listing and opening: the checkpoint may have been replaced.
+        if (!detail::file_exists(file_path)) {
+          missing = name;
+          break;
+        }
         throw Error(fmt::format("checkpoint '{}': entry '{}': data file '{}': {}", path_, first_user(name), name,
                                 e.what()));
       }

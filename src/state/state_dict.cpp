@@ -162,6 +162,18 @@ StateDict::StateDict()
     : dict_(c10::impl::toTypedDict<std::string, c10::IValue>(
           c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()))) {}
 
+StateDict::StateDict(StateDict&& other) : StateDict() {
+  std::swap(dict_, other.dict_);
+}
+
+StateDict& StateDict::operator=(StateDict&& other) {
+  if (this != &other) {
+    dict_ = other.dict_;
+    other.dict_ = StateDict().dict_;
+  }
+  return *this;
+}
+
 StateDict::StateDict(const c10::impl::GenericDict& dict) : StateDict() {
   if (*dict.keyType() != *c10::StringType::get()) {
     throw InvalidArgument(fmt::format("a state dict needs string keys, not {}", dict.keyType()->str()));

@@ -124,5 +124,21 @@ TEST(StateDict, DeepCopyStructureIsIndependentButSharesTensors) {
       sd.at("model").toGenericDict().at("bias").toTensor()));
 }
 
+TEST(StateDict, MovingHandsTheEntriesOverAndLeavesNoReference) {
+  StateDict source;
+  source.insert("t", torch::ones({4}));
+  const at::Tensor probe = source.at("t").toTensor();
+  const auto holders = probe.use_count();
+  StateDict moved(std::move(source));
+  EXPECT_TRUE(source.empty());  // NOLINT: moved-from is specified as empty
+  EXPECT_EQ(probe.use_count(), holders);
+  StateDict assigned;
+  assigned = std::move(moved);
+  EXPECT_TRUE(moved.empty());  // NOLINT
+  EXPECT_TRUE(assigned.at("t").toTensor().is_same(probe));
+  assigned = StateDict();
+  EXPECT_EQ(probe.use_count(), holders - 1);
+}
+
 }  // namespace
 }  // namespace stowage

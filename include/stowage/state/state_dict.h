@@ -31,6 +31,14 @@ class StateDict {
 
   StateDict();
   StateDict(Dict dict) : dict_(std::move(dict)) {}  // NOLINT: shares, like copying
+  StateDict(const StateDict&) = default;
+  StateDict& operator=(const StateDict&) = default;
+  // c10::Dict has no move: its "move" copies the shared handle. A moved-from StateDict
+  // is empty instead, so that moving one really hands its entries over (e.g. to
+  // another thread) and leaves no reference behind.
+  StateDict(StateDict&& other);
+  StateDict& operator=(StateDict&& other);
+  ~StateDict() = default;
   // Shares a dict of string keys and Any values; copies one with narrower value
   // types (e.g. Dict<string, Tensor>) into a new dict. Other keys: InvalidArgument.
   StateDict(const c10::impl::GenericDict& dict);  // NOLINT: implicit by design
