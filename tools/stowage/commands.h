@@ -9,6 +9,7 @@ namespace stowage::cli {
 void add_demo_command(CLI::App& app);
 void add_launch_command(CLI::App& app);
 void add_train_command(CLI::App& app);
+void add_ckpt_command(CLI::App& app);
 // `stowage bench <name>`: every benchmark registers a subcommand of `bench`.
 void add_bench_command(CLI::App& app);
 void add_bench_activation(CLI::App& bench);

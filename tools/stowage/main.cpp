@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   stowage::cli::add_demo_command(app);
   stowage::cli::add_launch_command(app);
   stowage::cli::add_train_command(app);
+  stowage::cli::add_ckpt_command(app);
   stowage::cli::add_bench_command(app);
   try {
     app.parse(argc, argv);

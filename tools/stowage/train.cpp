@@ -1,6 +1,9 @@
 // `stowage train`: trains the byte-level transformer LM of train_model.h on a text
-// corpus, showing progress and writing metrics into the run directory.
+// corpus with the three capabilities of stowage, each on by default and switchable:
+// activation checkpointing of the transformer blocks, optimizer-state swap of AdamW,
+// and asynchronous checkpoints every K steps from which --resume continues exactly.
 #include "commands.h"
+#include "train_checkpoints.h"
 #include "train_data.h"
 #include "train_model.h"
 #include "train_progress.h"
@@ -15,15 +18,18 @@
 
 #include <chrono>
 #include <filesystem>
+#include <mutex>
+#include <thread>
 
 namespace stowage::cli {
 namespace {
 namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
 
 struct TrainOptions {
   std::string corpus = kDefaultCorpusDir;
   std::string run_dir = "runs/default";
-  int64_t steps = 300;
+  int64_t steps = 200;
   int64_t batch = 16;
   int64_t seq_len = 64;
   int64_t layers = 4;
@@ -32,64 +38,275 @@ struct TrainOptions {
   double lr = 3e-3;
   uint64_t seed = 0;
   int threads = 2;
+  int64_t recompute_segments = 2;  // 0: no activation checkpointing
+  int64_t swap_times = 4;          // 0: plain AdamW, no optimizer-state swap
+  int64_t ckpt_every = 50;         // 0: no checkpoints
+  int64_t keep = 3;
+  bool resume = false;
   int64_t log_every = 25;
 };
 
-void train(const TrainOptions& options) {
-  torch::set_num_threads(options.threads);
-  memory::enable_accounting();
-  fs::create_directories(options.run_dir);
-  const Corpus corpus = Corpus::load(options.corpus, options.seq_len + 2);
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
 
-  torch::manual_seed(options.seed);
-  LanguageModelOptions model_options;
-  model_options.context = options.seq_len;
-  model_options.layers = options.layers;
-  model_options.width = options.width;
-  model_options.heads = options.heads;
-  LanguageModel model(model_options);
-  auto optimizer = std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(options.lr));
-  // The data stream's own generator: its state is the data position.
-  at::Generator data_generator = at::make_generator<at::CPUGeneratorImpl>(options.seed + 1);
+int64_t tensor_bytes(const std::vector<torch::Tensor>& tensors) {
+  int64_t bytes = 0;
+  for (const auto& t : tensors) bytes += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
+  return bytes;
+}
 
-  Progress progress((fs::path(options.run_dir) / "metrics.jsonl").string(), isatty(STDOUT_FILENO) != 0,
-                    options.log_every);
-  int64_t parameters = 0;
-  for (const auto& p : model->parameters()) parameters += p.numel();
-  progress.message(fmt::format("training a {}-layer byte-level transformer ({:.2f}M parameters) on '{}' ({} bytes)",
-                               options.layers, parameters / 1e6, corpus.source(), corpus.size()));
+// An async checkpoint in flight: its writer must outlive the save.
+struct PendingCheckpoint {
+  int64_t step = 0;
+  std::string path;
+  Clock::time_point started;
+  double blocked_ms = 0;  // async_save's call, plus the wait for staging before the next step
+  std::unique_ptr<dcp::FileSystemWriter> writer;
+  dcp::AsyncSaveResponse response;
+  // Timestamps the commit the moment it happens, for the committed-at rate.
+  std::thread watcher;
+  Clock::time_point committed;
 
-  double first_loss = 0, last_loss = 0;
-  const auto run_start = std::chrono::steady_clock::now();
-  for (int64_t step = 1; step <= options.steps; ++step) {
-    const auto start = std::chrono::steady_clock::now();
-    auto [inputs, targets] = corpus.sample(options.batch, options.seq_len, data_generator);
+  ~PendingCheckpoint() {
+    if (watcher.joinable()) watcher.join();
+  }
+};
+
+class Trainer {
+ public:
+  explicit Trainer(TrainOptions options) : options_(std::move(options)) {}
+
+  void run() {
+    torch::set_num_threads(options_.threads);
+    memory::enable_accounting();
+    fs::create_directories(checkpoints_dir(options_.run_dir));
+    const Corpus corpus = Corpus::load(options_.corpus, options_.seq_len + 2);
+    build();
+    Progress progress((fs::path(options_.run_dir) / "metrics.jsonl").string(), isatty(STDOUT_FILENO) != 0,
+                      options_.log_every);
+    progress_ = &progress;
+    progress.message(describe(corpus));
+    // One training process per run directory: nothing uncommitted can be ours in flight.
+    remove_uncommitted_checkpoints(options_.run_dir);
+    if (options_.resume) resume();
+
+    double first_loss = -1, last_loss = 0;
+    const auto run_start = Clock::now();
+    const int64_t first_step = step_ + 1;
+    for (int64_t step = first_step; step <= options_.steps; ++step) {
+      last_loss = train_step(corpus, step);
+      if (first_loss < 0) first_loss = last_loss;
+      if (options_.ckpt_every > 0 && (step % options_.ckpt_every == 0 || step == options_.steps)) {
+        start_checkpoint();
+      }
+    }
+    finish_checkpoint(/*wait=*/true);
+    if (first_step <= options_.steps) {
+      progress.message(fmt::format("done: steps {}-{} in {:.1f} s, loss {:.3f} -> {:.3f}, peak activations {}, "
+                                   "optimizer state resident between steps {}",
+                                   first_step, options_.steps, seconds_since(run_start), first_loss, last_loss,
+                                   format_bytes(peak_activation_bytes_), format_bytes(resident_bytes_)));
+    } else {
+      progress.message(fmt::format("nothing to do: the run is already at step {}", step_));
+    }
+    progress_ = nullptr;
+  }
+
+ private:
+  void build() {
+    torch::manual_seed(options_.seed);
+    LanguageModelOptions model_options;
+    model_options.context = options_.seq_len;
+    model_options.layers = options_.layers;
+    model_options.width = options_.width;
+    model_options.heads = options_.heads;
+    model_ = LanguageModel(model_options);
+    vocab_ = model_options.vocab;
+    if (options_.recompute_segments > options_.layers) {
+      throw InvalidArgument(fmt::format("--recompute-segments {} exceeds the {} transformer blocks",
+                                        options_.recompute_segments, options_.layers));
+    }
+    baseline_bytes_ = memory::memory_allocated();
+    adamw_ = std::make_shared<torch::optim::AdamW>(model_->parameters(), torch::optim::AdamWOptions(options_.lr));
+    if (options_.swap_times > 0) {
+      swap_ = optim::swap_optimizer(adamw_, optim::SwapOptimizerConfig().swap_times(options_.swap_times));
+    }
+    data_generator_ = at::make_generator<at::CPUGeneratorImpl>(options_.seed + 1);
+  }
+
+  std::string describe(const Corpus& corpus) const {
+    int64_t parameters = 0;
+    for (const auto& p : model_->parameters()) parameters += p.numel();
+    return fmt::format(
+        "training a {}-layer byte-level transformer ({:.2f}M parameters) on '{}' ({} bytes); activation "
+        "checkpointing: {}; optimizer: {}; checkpoints: {}",
+        options_.layers, parameters / 1e6, corpus.source(), corpus.size(),
+        options_.recompute_segments > 0 ? fmt::format("{} segments", options_.recompute_segments) : "off",
+        swap_ ? fmt::format("AdamW with state swap ({} batches)", options_.swap_times) : "plain AdamW",
+        options_.ckpt_every > 0 ? fmt::format("every {} steps into {}, keeping {}", options_.ckpt_every,
+                                              checkpoints_dir(options_.run_dir), options_.keep)
+                                : "off");
+  }
+
+  double train_step(const Corpus& corpus, int64_t step) {
+    const auto start = Clock::now();
+    auto [inputs, targets] = corpus.sample(options_.batch, options_.seq_len, data_generator_);
+    zero_grad();
     memory::reset_peak_memory_stats();
     const int64_t before = memory::memory_allocated();
-    optimizer->zero_grad();
-    auto logits = model->forward(inputs);
-    auto loss = torch::cross_entropy_loss(logits.view({-1, model_options.vocab}), targets.reshape({-1}));
-    loss.backward();
+    double loss_value = 0;
+    {
+      const int64_t segments = options_.recompute_segments;
+      auto logits = model_->forward(inputs, [segments](torch::nn::Sequential& blocks, const torch::Tensor& x) {
+        return segments > 0 ? activation::checkpoint_sequential(blocks, segments, x) : blocks->forward(x);
+      });
+      auto loss = torch::cross_entropy_loss(logits.view({-1, vocab_}), targets.reshape({-1}));
+      loss.backward();
+      loss_value = loss.item<double>();
+    }
     const int64_t activation_peak = memory::max_memory_allocated() - before;
-    optimizer->step();
-    const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    last_loss = loss.item<double>();
-    if (step == 1) first_loss = last_loss;
+    // The snapshot of the last checkpoint must be complete before the step changes
+    // what it copies; staging overlapped with this step's forward and backward.
+    wait_for_staging();
+    if (swap_) {
+      swap_->step();
+    } else {
+      adamw_->step();
+    }
+    step_ = step;
+    const double step_s = seconds_since(start);
+    resident_bytes_ = memory::memory_allocated() - baseline_bytes_ - tensor_bytes(grads());
+    peak_activation_bytes_ = std::max(peak_activation_bytes_, activation_peak);
+    report_finished_checkpoint();
 
     StepReport report;
     report.step = step;
-    report.total_steps = options.steps;
-    report.loss = last_loss;
+    report.total_steps = options_.steps;
+    report.loss = loss_value;
     report.step_s = step_s;
-    report.tokens_per_s = static_cast<double>(options.batch * options.seq_len) / step_s;
+    report.tokens_per_s = static_cast<double>(options_.batch * options_.seq_len) / step_s;
     report.peak_activation_bytes = activation_peak;
+    report.optimizer_resident_bytes = resident_bytes_;
     report.staging_bytes = memory::host_buffer_stats().current_bytes;
-    progress.step(report);
+    progress_->step(report);
+    return loss_value;
   }
-  const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
-  progress.message(fmt::format("done: {} steps in {:.1f} s, loss {:.3f} -> {:.3f}", options.steps, total_s,
-                               first_loss, last_loss));
-}
+
+  void zero_grad() {
+    if (swap_) {
+      swap_->zero_grad();
+    } else {
+      adamw_->zero_grad();
+    }
+  }
+
+  std::vector<torch::Tensor> grads() const {
+    std::vector<torch::Tensor> out;
+    for (const auto& p : model_->parameters()) out.push_back(p.grad());
+    return out;
+  }
+
+  // Everything a resumed run needs: model, optimizer (swapped state included), the
+  // RNG states and the data position. Model and optimizer are Stateful values, turned
+  // into state dicts by dcp on this thread.
+  StateDict live_state() {
+    StateDict progress;
+    progress.insert("step", step_);
+    progress.insert("data_rng", data_generator_.get_state());
+    progress.insert("torch_rng", at::detail::getDefaultCPUGenerator().get_state());
+    StateDict state;
+    state.insert("model", as_ivalue(model_.ptr()));
+    if (swap_) {
+      state.insert("optim", as_ivalue(c10::intrusive_ptr<Stateful>(swap_)));
+    } else {
+      state.insert("optim", as_ivalue(std::static_pointer_cast<torch::optim::Optimizer>(adamw_)));
+    }
+    state.insert("progress", progress);
+    return state;
+  }
+
+  void start_checkpoint() {
+    finish_checkpoint(/*wait=*/true);  // one save in flight at a time
+    auto pending = std::make_unique<PendingCheckpoint>();
+    pending->step = step_;
+    pending->path = checkpoint_path(options_.run_dir, step_);
+    pending->writer = std::make_unique<dcp::FileSystemWriter>(pending->path);
+    pending->started = Clock::now();
+    pending->response = dcp::async_save(live_state(), *pending->writer, &stager_);
+    pending->blocked_ms = seconds_since(pending->started) * 1e3;
+    pending->watcher = std::thread([upload = pending->response.upload_completion, &committed = pending->committed] {
+      upload.wait();
+      committed = Clock::now();
+    });
+    pending_ = std::move(pending);
+  }
+
+  void wait_for_staging() {
+    if (!pending_ || staged_) return;
+    const auto start = Clock::now();
+    pending_->response.staging_completion.get();
+    pending_->blocked_ms += seconds_since(start) * 1e3;
+    staged_ = true;
+  }
+
+  // Reports the pending checkpoint if it has committed (or, with `wait`, once it has).
+  void finish_checkpoint(bool wait) {
+    if (!pending_) return;
+    wait_for_staging();
+    auto& upload = pending_->response.upload_completion;
+    if (!wait && upload.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return;
+    pending_->watcher.join();
+    const dcp::Metadata metadata = upload.get();  // rethrows a failed save
+    CheckpointReport report;
+    report.step = pending_->step;
+    report.path = pending_->path;
+    report.staged_ms = pending_->blocked_ms;
+    for (const auto& entry : metadata.entries) {
+      for (const auto& chunk : entry.chunks) report.bytes += chunk.location.length;
+    }
+    report.committed_gbps =
+        report.bytes / std::chrono::duration<double>(pending_->committed - pending_->started).count() / 1e9;
+    pending_.reset();
+    staged_ = false;
+    prune_checkpoints(options_.run_dir, options_.keep);
+    progress_->checkpoint(report);
+  }
+
+  void report_finished_checkpoint() { finish_checkpoint(/*wait=*/false); }
+
+  void resume() {
+    const auto latest = latest_committed(options_.run_dir);
+    if (!latest) {
+      progress_->message(fmt::format("no committed checkpoint in {}: starting from step 0",
+                                     checkpoints_dir(options_.run_dir)));
+      return;
+    }
+    StateDict state = live_state();
+    dcp::load(state, latest->path);
+    const StateDict progress = state.at("progress").toGenericDict();
+    step_ = progress.at("step").toInt();
+    data_generator_.set_state(progress.at("data_rng").toTensor());
+    at::Generator torch_generator = at::detail::getDefaultCPUGenerator();  // a handle: set_state is non-const
+    torch_generator.set_state(progress.at("torch_rng").toTensor());
+    progress_->message(fmt::format("resumed from {} at step {}", latest->path, step_));
+  }
+
+  TrainOptions options_;
+  LanguageModel model_{nullptr};
+  int64_t vocab_ = 0;
+  std::shared_ptr<torch::optim::AdamW> adamw_;
+  c10::intrusive_ptr<optim::SwapOptimizer> swap_;
+  at::Generator data_generator_;
+  int64_t step_ = 0;
+  int64_t baseline_bytes_ = 0;
+  int64_t resident_bytes_ = 0;
+  int64_t peak_activation_bytes_ = 0;
+  dcp::DefaultStager stager_;
+  std::unique_ptr<PendingCheckpoint> pending_;
+  bool staged_ = false;
+  Progress* progress_ = nullptr;
+};
 
 }  // namespace
 
@@ -98,7 +315,7 @@ void add_train_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "Train a byte-level transformer language model on a text corpus");
   cmd->add_option("--corpus", options->corpus, "text file or directory of text files")->capture_default_str();
   cmd->add_option("--run-dir", options->run_dir, "where metrics and checkpoints go")->capture_default_str();
-  cmd->add_option("--steps", options->steps, "optimizer steps")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--steps", options->steps, "train until this step")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--batch", options->batch, "sequences per step")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--seq-len", options->seq_len, "tokens per sequence")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--layers", options->layers, "transformer blocks")->check(CLI::PositiveNumber)->capture_default_str();
@@ -107,10 +324,23 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--lr", options->lr, "AdamW learning rate")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--seed", options->seed, "random seed")->capture_default_str();
   cmd->add_option("--threads", options->threads, "intra-op threads")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--recompute-segments", options->recompute_segments,
+                  "activation checkpointing: checkpoint_sequential segments over the blocks (0: off)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--swap-times", options->swap_times,
+                  "optimizer-state swap batches (0: plain AdamW with its state resident)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--ckpt-every", options->ckpt_every, "asynchronous checkpoint every K steps (0: none)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--keep", options->keep, "committed checkpoints to keep")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_flag("--resume", options->resume, "continue from the run directory's latest committed checkpoint");
   cmd->add_option("--log-every", options->log_every, "steps between log lines when not on a terminal")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cmd->callback([options] { train(*options); });
+  cmd->callback([options] { Trainer(*options).run(); });
 }
 
 }  // namespace stowage::cli

@@ -1,0 +1,189 @@
+// End-to-end runs of `stowage train` as real processes: exact resume, also after a
+// SIGKILL in the middle of an asynchronous checkpoint, and the ckpt subcommands.
+#include "cli/cli_util.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+namespace stowage::testing {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// A small model, so that each run takes seconds; every capability stays on.
+const std::string kSmall = " --layers 2 --width 64 --heads 2 --batch 8 --seq-len 32 --threads 1 --log-every 1000";
+
+struct RunDir {
+  RunDir() : path(fs::temp_directory_path() / ("stowage-train-" + std::to_string(getpid()) + "-" + std::to_string(++n))) {
+    fs::remove_all(path);
+  }
+  ~RunDir() { fs::remove_all(path); }
+  std::string str() const { return path.string(); }
+  fs::path path;
+  static inline int n = 0;
+};
+
+CommandResult train(const RunDir& dir, const std::string& args) {
+  return run_command(stowage_binary() + " train --run-dir " + dir.str() + kSmall + " " + args);
+}
+
+json run_json(const std::string& args) {
+  const auto result = run_command(stowage_binary() + " " + args);
+  EXPECT_EQ(result.status, 0) << args << "\n" << result.output;
+  return json::parse(result.output);
+}
+
+// Every entry of the checkpoint: tensors by their chunks' checksums, values by value.
+std::map<std::string, std::string> fingerprint(const std::string& checkpoint) {
+  std::map<std::string, std::string> out;
+  const json inspected = run_json("ckpt inspect --json " + checkpoint);
+  for (const auto& entry : inspected["entries"]) {
+    json content = entry.contains("chunks") ? json::array() : entry["value"];
+    if (entry.contains("chunks")) {
+      for (const auto& chunk : entry["chunks"]) {  // the box and the bytes' checksum, not where they lie
+        content.push_back({chunk["offsets"], chunk["sizes"], chunk["length"], chunk["checksum"]});
+      }
+    }
+    out[entry["key"].get<std::string>()] = content.dump();
+  }
+  return out;
+}
+
+std::string step_dir(const RunDir& dir, int step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "step-%08d", step);
+  return (dir.path / "checkpoints" / name).string();
+}
+
+void expect_same_checkpoint(const std::string& a, const std::string& b) {
+  const auto fa = fingerprint(a);
+  const auto fb = fingerprint(b);
+  ASSERT_EQ(fa.size(), fb.size());
+  ASSERT_GT(fa.size(), 20u);
+  for (const auto& [key, value] : fa) {
+    ASSERT_TRUE(fb.count(key)) << key;
+    EXPECT_EQ(value, fb.at(key)) << key;
+  }
+}
+
+TEST(Train, ResumedRunEndsBitIdenticalToAnUninterruptedOne) {
+  RunDir straight, resumed;
+  const auto a = train(straight, "--steps 12 --ckpt-every 6");
+  ASSERT_EQ(a.status, 0) << a.output;
+  const auto b1 = train(resumed, "--steps 6 --ckpt-every 6");
+  ASSERT_EQ(b1.status, 0) << b1.output;
+  const auto b2 = train(resumed, "--steps 12 --ckpt-every 6 --resume");
+  ASSERT_EQ(b2.status, 0) << b2.output;
+  EXPECT_NE(b2.output.find("resumed from"), std::string::npos) << b2.output;
+  // Model, optimizer (swapped state included), RNG states and data position.
+  expect_same_checkpoint(step_dir(straight, 12), step_dir(resumed, 12));
+  // And the last step logged the same loss: same data, same numbers.
+  const auto last_loss = [](const std::string& output) {
+    const size_t at = output.find("step 12/12 loss ");
+    return at == std::string::npos ? std::string("missing") : output.substr(at, output.find(' ', at + 16) - at);
+  };
+  EXPECT_NE(last_loss(a.output), "missing") << a.output;
+  EXPECT_EQ(last_loss(a.output), last_loss(b2.output));
+}
+
+TEST(Train, PlainOptimizerWithoutRecomputeResumesExactlyToo) {
+  RunDir straight, resumed;
+  const std::string plain = " --swap-times 0 --recompute-segments 0 --ckpt-every 4";
+  ASSERT_EQ(train(straight, "--steps 8" + plain).status, 0);
+  ASSERT_EQ(train(resumed, "--steps 4" + plain).status, 0);
+  ASSERT_EQ(train(resumed, "--steps 8 --resume" + plain).status, 0);
+  expect_same_checkpoint(step_dir(straight, 8), step_dir(resumed, 8));
+}
+
+TEST(Train, KilledDuringAnAsyncSaveResumesFromTheLastCommittedCheckpoint) {
+  RunDir straight, killed;
+  constexpr int kSteps = 40;
+  ASSERT_EQ(train(straight, "--steps 40 --ckpt-every 2 --keep 50").status, 0);
+
+  // Start the run and SIGKILL it the moment a checkpoint directory holds data files
+  // but no committed metadata: the save is in flight.
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const std::string command = stowage_binary() + " train --run-dir " + killed.str() + kSmall +
+                                " --steps 40 --ckpt-every 2 --keep 50 > /dev/null 2>&1";
+    execl("/bin/sh", "sh", "-c", ("exec " + command).c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int caught_step = -1;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (caught_step < 0 && std::chrono::steady_clock::now() < deadline) {
+    for (int step = 2; step <= kSteps && caught_step < 0; step += 2) {
+      const fs::path dir = step_dir(killed, step);
+      std::error_code error;
+      if (!fs::is_directory(dir, error) || fs::exists(dir / ".metadata.json", error)) continue;
+      for (const auto& file : fs::directory_iterator(dir, error)) {
+        if (file.path().extension() == ".data") {
+          kill(pid, SIGKILL);
+          caught_step = step;
+          break;
+        }
+      }
+    }
+    int status = 0;
+    if (caught_step < 0 && waitpid(pid, &status, WNOHANG) == pid) break;  // finished first
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_GT(caught_step, 0) << "the run ended before a save was caught in flight";
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+
+  // The half-written checkpoint is invisible; every committed one verifies.
+  const json listed = run_json("ckpt ls --json " + killed.str());
+  for (const auto& row : listed) {
+    EXPECT_TRUE(row["committed"].get<bool>());
+    EXPECT_NE(row["step"].get<int>(), caught_step);
+    EXPECT_TRUE(run_json("ckpt verify --json " + row["path"].get<std::string>())["ok"].get<bool>());
+  }
+
+  const auto resumed = train(killed, "--steps 40 --ckpt-every 2 --keep 50 --resume");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  expect_same_checkpoint(step_dir(straight, kSteps), step_dir(killed, kSteps));
+}
+
+TEST(Ckpt, VerifyReportsTheFirstCorruptEntryAndFails) {
+  RunDir run;
+  ASSERT_EQ(train(run, "--steps 2 --ckpt-every 2").status, 0);
+  const std::string checkpoint = step_dir(run, 2);
+  const json inspected = run_json("ckpt inspect --json " + checkpoint);
+  const json& first = inspected["entries"][0];
+  ASSERT_TRUE(first.contains("chunks"));
+  const auto& chunk = first["chunks"][0];
+  // Flip one byte inside the first tensor's bytes.
+  const fs::path file = fs::path(checkpoint) / chunk["file"].get<std::string>();
+  FILE* f = std::fopen(file.c_str(), "r+b");
+  ASSERT_NE(f, nullptr);
+  std::fseek(f, chunk["offset"].get<long>() + 3, SEEK_SET);
+  const int byte = std::fgetc(f);
+  std::fseek(f, chunk["offset"].get<long>() + 3, SEEK_SET);
+  std::fputc(byte ^ 0x40, f);
+  std::fclose(f);
+  const auto result = run_command(stowage_binary() + " ckpt verify " + checkpoint);
+  EXPECT_EQ(result.status, 2) << result.output;
+  EXPECT_NE(result.output.find(first["key"].get<std::string>()), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("corrupt"), std::string::npos) << result.output;
+}
+
+TEST(Ckpt, LsRejectsADirectoryThatIsNoRun) {
+  RunDir empty;
+  fs::create_directories(empty.path);
+  const auto result = run_command(stowage_binary() + " ckpt ls " + empty.str());
+  EXPECT_NE(result.status, 0);
+  EXPECT_NE(result.output.find("not a run directory"), std::string::npos) << result.output;
+}
+
+}  // namespace
+}  // namespace stowage::testing

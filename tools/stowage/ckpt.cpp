@@ -1,0 +1,185 @@
+// `stowage ckpt ls | inspect | verify`: look into checkpoints without loading them.
+#include "commands.h"
+#include "train_checkpoints.h"
+#include "train_progress.h"
+
+#include <stowage/dcp/dcp.h>
+#include <stowage/error.h>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <sstream>
+
+namespace stowage::cli {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+int64_t entry_bytes(const dcp::EntryMetadata& entry) {
+  int64_t bytes = 0;
+  for (const auto& chunk : entry.chunks) bytes += chunk.location.length;
+  return bytes;
+}
+
+int64_t checkpoint_bytes(const dcp::Metadata& metadata) {
+  int64_t bytes = 0;
+  for (const auto& entry : metadata.entries) bytes += entry_bytes(entry);
+  return bytes;
+}
+
+// `dir` is a run directory (its checkpoints), or a directory of step-<N> checkpoints.
+std::string run_dir_of(const std::string& dir) {
+  return fs::path(dir).filename() == "checkpoints" ? fs::path(dir).parent_path().string() : dir;
+}
+
+// Only committed checkpoints, unless `all`: an uncommitted directory is a save in flight
+// or the remains of a failed one, never something to load.
+void list(const std::string& dir, bool as_json, bool all) {
+  auto checkpoints = list_run_checkpoints(run_dir_of(dir));
+  if (!all) {
+    checkpoints.erase(std::remove_if(checkpoints.begin(), checkpoints.end(), [](const auto& c) { return !c.committed; }),
+                      checkpoints.end());
+  }
+  if (checkpoints.empty() && !fs::is_directory(checkpoints_dir(run_dir_of(dir)))) {
+    throw InvalidArgument(fmt::format("'{}' is not a run directory: it has no checkpoints/ folder", dir));
+  }
+  json out = json::array();
+  for (const auto& checkpoint : checkpoints) {
+    json row{{"step", checkpoint.step}, {"path", checkpoint.path}, {"committed", checkpoint.committed}};
+    if (checkpoint.committed) {
+      const dcp::Metadata metadata = dcp::FileSystemReader(checkpoint.path).read_metadata();
+      row["entries"] = metadata.entries.size();
+      row["bytes"] = checkpoint_bytes(metadata);
+      row["ranks"] = metadata.world_size;
+    }
+    out.push_back(row);
+  }
+  if (as_json) {
+    fmt::print("{}\n", out.dump(2));
+    return;
+  }
+  fmt::print("{:>10}  {:<11}  {:>8}  {:>10}  {}\n", "step", "state", "entries", "size", "path");
+  for (const auto& row : out) {
+    const bool committed = row["committed"].get<bool>();
+    fmt::print("{:>10}  {:<11}  {:>8}  {:>10}  {}\n", row["step"].get<int64_t>(),
+               committed ? "committed" : "uncommitted", committed ? std::to_string(row["entries"].get<size_t>()) : "-",
+               committed ? format_bytes(row["bytes"].get<int64_t>()) : "-", row["path"].get<std::string>());
+  }
+}
+
+void inspect(const std::string& dir, bool as_json) {
+  const dcp::Metadata metadata = dcp::FileSystemReader(dir).read_metadata();
+  json entries = json::array();
+  for (const auto& entry : metadata.entries) {
+    json row{{"key", entry.fqn}};
+    if (entry.kind == dcp::EntryKind::kTensor) {
+      row["dtype"] = std::string(c10::toString(entry.dtype));
+      row["shape"] = entry.shape;
+      row["bytes"] = entry_bytes(entry);
+      json chunks = json::array();
+      for (const auto& chunk : entry.chunks) {
+        chunks.push_back({{"offsets", chunk.box.offsets},
+                          {"sizes", chunk.box.sizes},
+                          {"rank", chunk.rank},
+                          {"file", chunk.location.file},
+                          {"offset", chunk.location.offset},
+                          {"length", chunk.location.length},
+                          {"checksum", fmt::format("{:016x}", chunk.location.checksum)}});
+      }
+      row["chunks"] = chunks;
+    } else {
+      std::ostringstream value;
+      value << entry.value;
+      row["value"] = value.str();
+    }
+    entries.push_back(row);
+  }
+  if (as_json) {
+    fmt::print("{}\n", json{{"path", dir}, {"save_id", metadata.save_id}, {"ranks", metadata.world_size},
+                            {"version", metadata.version}, {"entries", entries}}
+                           .dump(2));
+    return;
+  }
+  fmt::print("{}: format {}, save {}, {} rank(s), {} entries, {}\n", dir, metadata.version, metadata.save_id,
+             metadata.world_size, metadata.entries.size(), format_bytes(checkpoint_bytes(metadata)));
+  for (const auto& row : entries) {
+    if (!row.contains("dtype")) {
+      fmt::print("  {:<48} value {}\n", row["key"].get<std::string>(), row["value"].get<std::string>());
+      continue;
+    }
+    std::vector<std::string> checksums;
+    for (const auto& chunk : row["chunks"]) checksums.push_back(chunk["checksum"].get<std::string>());
+    const std::string shape = fmt::format("[{}]", fmt::join(row["shape"].get<std::vector<int64_t>>(), ", "));
+    fmt::print("  {:<48} {:<9} {:<14} {:>10}  {} chunk(s) xxh3 {}\n", row["key"].get<std::string>(),
+               row["dtype"].get<std::string>(), shape, format_bytes(row["bytes"].get<int64_t>()), row["chunks"].size(),
+               fmt::join(checksums, ","));
+  }
+}
+
+// Reads every chunk and checks its checksum, one chunk at a time. Returns false (and
+// reports the first bad entry) when one fails.
+bool verify(const std::string& dir, bool as_json) {
+  dcp::FileSystemReader reader(dir);
+  json result{{"path", dir}};
+  int64_t chunks = 0, bytes = 0;
+  try {
+    const dcp::Metadata metadata = reader.read_metadata();
+    for (const auto& entry : metadata.entries) {
+      for (const auto& chunk : entry.chunks) {
+        std::vector<dcp::ChunkRead> reads(1);
+        reads[0].entry = &entry;
+        reads[0].chunk = &chunk;
+        reads[0].buffer = at::empty({chunk.location.length}, at::kByte);
+        reader.read_data(reads);
+        ++chunks;
+        bytes += chunk.location.length;
+      }
+    }
+    result["ok"] = true;
+  } catch (const Error& e) {
+    result["ok"] = false;
+    result["error"] = e.what();
+  }
+  result["chunks_verified"] = chunks;
+  result["bytes_verified"] = bytes;
+  if (as_json) {
+    fmt::print("{}\n", result.dump(2));
+  } else if (result["ok"].get<bool>()) {
+    fmt::print("{}: ok, {} chunks ({}) verified\n", dir, chunks, format_bytes(bytes));
+  } else {
+    fmt::print("{}: FAILED after {} good chunks: {}\n", dir, chunks, result["error"].get<std::string>());
+  }
+  return result["ok"].get<bool>();
+}
+
+}  // namespace
+
+void add_ckpt_command(CLI::App& app) {
+  auto* ckpt = app.add_subcommand("ckpt", "List, inspect and verify checkpoints");
+  ckpt->require_subcommand(1);
+  struct Options {
+    std::string dir;
+    bool json = false;
+    bool all = false;
+  };
+  auto options = std::make_shared<Options>();
+  auto* ls = ckpt->add_subcommand("ls", "List a run's checkpoints (run directory or its checkpoints/)");
+  auto* show = ckpt->add_subcommand("inspect", "Show a checkpoint's entries: key, dtype, shape, bytes, chunks, checksum");
+  auto* check = ckpt->add_subcommand("verify", "Read every chunk of a checkpoint and verify its checksum");
+  for (CLI::App* sub : {ls, show, check}) {
+    sub->add_option("dir", options->dir, "directory")->required();
+    sub->add_flag("--json", options->json, "machine-readable output");
+  }
+  ls->add_flag("--all", options->all, "also list uncommitted directories (saves in flight or failed)");
+  ls->callback([options] { list(options->dir, options->json, options->all); });
+  show->callback([options] { inspect(options->dir, options->json); });
+  check->callback([options] {
+    if (!verify(options->dir, options->json)) throw CLI::RuntimeError(2);
+  });
+}
+
+}  // namespace stowage::cli
