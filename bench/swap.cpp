@@ -21,6 +21,6 @@ int main(int argc, char** argv) {
     }
   }
   const auto result = stowage::bench::run_swap_bench(options);
-  fmt::print("{}\n", json ? result.to_json().dump(2) : result.to_text());
+  fmt::print("{}\n", json ? to_json(result).dump(2) : to_text(result));
   return 0;
 }

@@ -5,5 +5,5 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${STOWAGE_BUILD_DIR:-$root/build}
 bash "$root/scripts/build.sh" >&2
-if [ $# -eq 0 ]; then set -- demo; fi
+if [ $# -eq 0 ]; then set -- train; fi
 exec "$build/stowage" "$@"

@@ -77,28 +77,28 @@ SwapBenchResult run_swap_bench(const SwapBenchOptions& options) {
   return result;
 }
 
-nlohmann::json SwapBenchResult::to_json() const {
+nlohmann::json to_json(const SwapBenchResult& result) {
   nlohmann::json runs_json = nlohmann::json::array();
-  for (const SwapRun& run : runs) {
+  for (const SwapRun& run : result.runs) {
     runs_json.push_back({{"swap_times", run.swap_times},
                          {"step_s", run.step_s},
                          {"resident_between_steps_bytes", run.resident_between_steps_bytes},
                          {"peak_resident_during_step_bytes", run.peak_resident_during_step_bytes}});
   }
-  return {{"params", params},
-          {"plain_step_s", plain_step_s},
-          {"plain_state_bytes", plain_state_bytes},
+  return {{"params", result.params},
+          {"plain_step_s", result.plain_step_s},
+          {"plain_state_bytes", result.plain_state_bytes},
           {"runs", runs_json}};
 }
 
-std::string SwapBenchResult::to_text() const {
+std::string to_text(const SwapBenchResult& result) {
   std::string out = fmt::format("AdamW on {} fp32 parameters: plain step {:.3f} s, device-resident state {:.1f} MiB\n",
-                                params, plain_step_s, plain_state_bytes / 1048576.0);
+                                result.params, result.plain_step_s, result.plain_state_bytes / 1048576.0);
   out += fmt::format("{:>10} {:>9} {:>11} {:>14} {:>15} {:>13}\n", "swap_times", "step_s", "step/plain",
                      "between (B)", "peak (MiB)", "peak/limit");
-  for (const SwapRun& run : runs) {
-    const double step_ratio = run.step_s / plain_step_s;
-    const double peak_ratio = run.peak_resident_during_step_bytes / peak_limit(*this, run.swap_times);
+  for (const SwapRun& run : result.runs) {
+    const double step_ratio = run.step_s / result.plain_step_s;
+    const double peak_ratio = run.peak_resident_during_step_bytes / peak_limit(result, run.swap_times);
     out += fmt::format("{:>10} {:>9.3f} {:>6.2f} ({}) {:>14} {:>15.1f} {:>6.2f} ({})\n", run.swap_times, run.step_s,
                        step_ratio, step_ratio <= kStepLimit ? "met" : "NOT met", run.resident_between_steps_bytes,
                        run.peak_resident_during_step_bytes / 1048576.0, peak_ratio, peak_ratio <= 1 ? "met" : "NOT met");

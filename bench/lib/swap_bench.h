@@ -31,11 +31,11 @@ struct SwapBenchResult {
   int64_t plain_state_bytes = 0;  // device-resident optimizer state of the unwrapped AdamW
   std::vector<SwapRun> runs;
 
-  nlohmann::json to_json() const;
-  // The figures with each run's ratios against the targets.
-  std::string to_text() const;
 };
 
 SwapBenchResult run_swap_bench(const SwapBenchOptions& options);
+nlohmann::json to_json(const SwapBenchResult& result);
+// The figures with each run's ratios against the targets.
+std::string to_text(const SwapBenchResult& result);
 
 }  // namespace stowage::bench

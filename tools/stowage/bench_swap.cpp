@@ -16,7 +16,7 @@ void add_bench_swap(CLI::App& bench) {
   cmd->add_flag("--json", *json, "print the figures as JSON");
   cmd->callback([options, json] {
     const bench::SwapBenchResult result = bench::run_swap_bench(*options);
-    fmt::print("{}\n", *json ? result.to_json().dump(2) : result.to_text());
+    fmt::print("{}\n", *json ? to_json(result).dump(2) : to_text(result));
   });
 }
 
