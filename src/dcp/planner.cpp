@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <unordered_map>
 
@@ -91,8 +92,9 @@ GlobalSavePlan create_global_save_plan(std::vector<SavePlan> local_plans) {
     }
   }
 
-  // Each distinct tensor box is written once: first every rank offering it, in the
-  // order the boxes first appear, then the offering rank with the fewest bytes so far.
+  // Each distinct tensor box is written once: collect the ranks offering each box, in
+  // the order the boxes first appear, then pick the offering rank with the fewest bytes
+  // planned so far.
   struct Offer {
     ChunkBox box;
     int64_t nbytes = 0;
@@ -122,6 +124,9 @@ GlobalSavePlan create_global_save_plan(std::vector<SavePlan> local_plans) {
   std::vector<int64_t> planned_bytes(local_plans.size(), 0);
   std::map<BoxKey, int64_t> writer_of;
   std::vector<std::vector<ChunkBox>> boxes(global.metadata.entries.size());
+  // Boxes only one rank holds first: they are that rank's bytes whatever happens.
+  std::stable_partition(offers.begin(), offers.end(),
+                        [](const std::pair<BoxKey, Offer>& offer) { return offer.second.ranks.size() == 1; });
   for (auto& [key, offer] : offers) {
     int64_t chosen = offer.ranks.front();
     for (int64_t rank : offer.ranks) {

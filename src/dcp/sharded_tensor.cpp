@@ -72,9 +72,9 @@ ChunkBox ShardedTensor::box() const {
   return ChunkBox{offsets_, local_.sizes().vec()};
 }
 
-c10::IValue as_ivalue(c10::intrusive_ptr<ShardedTensor> shard) {
-  if (!shard) throw InvalidArgument("as_ivalue: null ShardedTensor");
-  return c10::IValue::make_capsule(std::move(shard));
+c10::IValue sharded_tensor(at::Tensor local, std::vector<int64_t> global_shape, std::vector<int64_t> offsets) {
+  return c10::IValue::make_capsule(
+      c10::make_intrusive<ShardedTensor>(std::move(local), std::move(global_shape), std::move(offsets)));
 }
 
 c10::intrusive_ptr<ShardedTensor> as_sharded_tensor(const c10::IValue& value) {

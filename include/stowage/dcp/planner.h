@@ -61,8 +61,8 @@ struct GlobalSavePlan {
 
 // Coordinator step: plans indexed by rank. A tensor box offered by several ranks (a
 // replicated tensor) is written once, by the one with the fewest bytes planned so far
-// (ties: the lowest rank), boxes taken in the order the ranks list them; a value is
-// taken from the lowest rank. Throws Error naming the entry and ranks when ranks
+// (ties: the lowest rank): boxes held by one rank are planned first, then the shared
+// ones in the order the ranks list them. A value is taken from the lowest rank. Throws Error naming the entry and ranks when ranks
 // disagree on an entry's kind, dtype or shape, or when a tensor's boxes overlap,
 // leave the tensor, or leave part of it uncovered.
 GlobalSavePlan create_global_save_plan(std::vector<SavePlan> local_plans);

@@ -6,8 +6,8 @@
 // tensor; load fills the local tensor from whatever chunks the checkpoint has, so a
 // checkpoint saved with one sharding loads into another (resharding).
 //
-// In a state dict a ShardedTensor travels as an IValue capsule (as_ivalue), in dicts
-// only (not in lists, and not inside a Stateful's state dict).
+// In a state dict a ShardedTensor travels as an IValue capsule (sharded_tensor()), in
+// dicts only (not in lists, and not inside a Stateful's state dict).
 
 #include <stowage/dcp/metadata.h>
 #include <stowage/state/state_dict.h>
@@ -41,7 +41,8 @@ class ShardedTensor : public torch::CustomClassHolder {
   std::vector<int64_t> offsets_;
 };
 
-c10::IValue as_ivalue(c10::intrusive_ptr<ShardedTensor> shard);
+// A ShardedTensor as a state dict value (same checks as its constructor).
+c10::IValue sharded_tensor(at::Tensor local, std::vector<int64_t> global_shape, std::vector<int64_t> offsets);
 // nullptr when `value` is not a ShardedTensor.
 c10::intrusive_ptr<ShardedTensor> as_sharded_tensor(const c10::IValue& value);
 
