@@ -181,6 +181,9 @@ Metadata run_distributed_save(const std::function<LocalSave()>& prepare, Storage
   constexpr int64_t kCoordinator = 0;
   const int64_t rank = group.rank();
   const bool coordinator = rank == kCoordinator;
+  // Once a rank's results are gathered the coordinator may commit its files: if the
+  // verdict then never arrives, they stay (unreferenced, like a crash's, if it did not).
+  bool verdict_pending = false;
   try {
     // Plan: every rank plans; the coordinator decides and hands each rank its part.
     LocalSave local;
@@ -221,6 +224,7 @@ Metadata run_distributed_save(const std::function<LocalSave()>& prepare, Storage
           return detail::encode_write_results(writer.write_data(plan, local.data));
         });
     const std::vector<std::string> gathered_results = group.gather(written, kCoordinator);
+    verdict_pending = true;
 
     // Commit: the coordinator records where every chunk went and commits.
     std::string commit_verdict;
@@ -244,12 +248,13 @@ Metadata run_distributed_save(const std::function<LocalSave()>& prepare, Storage
       }
     }
     const std::string committed = group.broadcast(commit_verdict, kCoordinator);
+    verdict_pending = false;
     if (plan_failed) accept(my_plan, "plan");
     const std::string text = accept(committed, "write");
     if (coordinator) return metadata;
     return decode_metadata(text, fmt::format("from rank {}", kCoordinator));
   } catch (...) {
-    writer.abort();
+    if (!verdict_pending) writer.abort();
     throw;
   }
 }

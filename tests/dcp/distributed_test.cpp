@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -51,6 +53,19 @@ void launch(int nproc, const std::string& commands) {
   }
 }
 
+// A port the kernel reports free now; rank 0's TCPStore binds it moments later.
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(addr);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
 TEST(DcpDistributed, SavedWithNRanksLoadsWithMRanksAndAsyncSavesOnSeveralRanks) {
   // Row-, column-sharded (uneven) and replicated tensors, values, nested dicts: saved
   // with 1, 2 and 4 ranks, each loaded with 1, 2 and 4. The worker checks every value,
@@ -79,7 +94,7 @@ TEST(DcpDistributed, AKilledRankMakesTheOthersFailWithinTheTimeout) {
   // launch would stop the survivors itself; here they must notice on their own.
   const ScratchDir dir;
   const std::string ckpt = dir.sub("ckpt");
-  const int port = 20000 + static_cast<int>(getpid() % 20000);
+  const int port = free_port();
   std::vector<pid_t> ranks;
   for (int rank = 0; rank < 2; ++rank) {
     const pid_t pid = fork();
