@@ -4,6 +4,8 @@
 // this machine (memcpy, a raw sequential write) and against torch::save/torch::load,
 // all measured in the same run.
 
+#include <stowage/dcp/process_group.h>
+
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -35,6 +37,13 @@ struct DcpBenchResult {
 // Runs every measurement once (best of a few repetitions for the short ones); removes
 // everything it wrote. Throws stowage::Error on a failure.
 DcpBenchResult run_dcp_bench(const DcpBenchOptions& options);
+
+// One rank's part of the distributed save measurement, run by every rank of `group`:
+// each saves its row shards of options.tensors global tensors (options.size_mib in
+// all, split evenly over the ranks) into `checkpoint_dir`, sync_files on. Returns the
+// aggregate GB/s (all bytes over the slowest rank's time, best of 3), on every rank.
+double run_dcp_rank_save_bench(const DcpBenchOptions& options, const std::string& checkpoint_dir,
+                               const dcp::ProcessGroup& group);
 
 nlohmann::json to_json(const DcpBenchResult& result);
 // Human-readable lines, with each target and whether it is met.

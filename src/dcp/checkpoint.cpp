@@ -12,6 +12,9 @@
 #include <chrono>
 #include <utility>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <functional>
+#include <unordered_map>
 
 namespace stowage::dcp {
 
@@ -53,7 +56,18 @@ bool StorageWriter::has_pending_save() const {
   return pending_.valid() && pending_.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
 }
 
+CheckpointError::CheckpointError(std::string step, std::map<int64_t, std::string> failures)
+    : Error([&] {
+        std::string text = fmt::format("distributed checkpoint failed in step '{}':", step);
+        for (const auto& [rank, cause] : failures) text += fmt::format(" [rank {}] {}", rank, cause);
+        return text;
+      }()),
+      step_(std::move(step)),
+      failures_(std::move(failures)) {}
+
 namespace {
+
+using nlohmann::json;
 
 // ------------------------------------------------------------------- saving
 
@@ -70,21 +84,36 @@ StateDict resolve_stateful(const StateDict& state) {
   return plain;
 }
 
-// The save steps of one process, which is rank 0 and the coordinator. `data` holds the
-// leaves the plan indexes; the writer releases them as it writes.
-Metadata run_save(SavePlan local, std::vector<c10::IValue> data, StorageWriter& writer) {
+std::vector<c10::IValue> leaves_of(const FlatStateDict& flat) {
+  std::vector<c10::IValue> data;
+  data.reserve(flat.size());
+  for (const FlatEntry& entry : flat.entries()) data.push_back(entry.value);
+  return data;
+}
+
+// What a rank saves: its plan and the leaves the plan indexes (the writer releases
+// them as it writes).
+struct LocalSave {
+  SavePlan plan;
+  std::vector<c10::IValue> data;
+};
+
+// A rank's state with its shards' layouts, planned.
+LocalSave plan_local_save(const UnshardedState& state, int64_t rank) {
+  const FlatStateDict flat = flatten_state_dict(state.state);
+  return LocalSave{create_local_save_plan(flat, rank, state.layouts), leaves_of(flat)};
+}
+
+// The save steps of one process, which is rank 0 and the coordinator.
+Metadata run_local_save(LocalSave local, StorageWriter& writer) {
   try {
-    local = writer.prepare_local_plan(std::move(local));
-    // Coordinator: gather the local plans (here, one), decide, scatter.
     std::vector<SavePlan> local_plans;
-    local_plans.push_back(std::move(local));
+    local_plans.push_back(writer.prepare_local_plan(std::move(local.plan)));
     GlobalSavePlan global = create_global_save_plan(std::move(local_plans));
     global.metadata.save_id = detail::new_save_id();
     std::vector<SavePlan> final_plans = writer.prepare_global_plan(std::move(global.plans), global.metadata);
-    // Every rank writes its part.
     std::vector<std::vector<WriteResult>> results;
-    results.push_back(writer.write_data(final_plans.at(0), data));
-    // Coordinator: gather the results, commit.
+    results.push_back(writer.write_data(final_plans.at(0), local.data));
     record_write_results(global.metadata, results);
     writer.finish(global.metadata);
     return global.metadata;
@@ -94,78 +123,233 @@ Metadata run_save(SavePlan local, std::vector<c10::IValue> data, StorageWriter& 
   }
 }
 
-std::vector<c10::IValue> leaves_of(const FlatStateDict& flat) {
-  std::vector<c10::IValue> data;
-  data.reserve(flat.size());
-  for (const FlatEntry& entry : flat.entries()) data.push_back(entry.value);
-  return data;
+// ---- The distributed steps. Invariant: every rank runs every collective of a save
+// (or load), in the same order, whatever failed, so that failures travel as data and
+// the group stays in step. Only a collective's own failure (a dead or hung rank) ends
+// a rank's part early.
+
+// A rank's outcome of one step: {"ok": true, "v": payload} or {"ok": false, "v": cause}.
+template <typename Step>
+std::string attempt(Step&& step) {
+  try {
+    return json{{"ok", true}, {"v", step()}}.dump();
+  } catch (const std::exception& e) {
+    return json{{"ok", false}, {"v", e.what()}}.dump();
+  } catch (...) {
+    return json{{"ok", false}, {"v", "unknown exception"}}.dump();
+  }
 }
 
-// Saves a snapshot, dropping every reference to it but the writer's, so that buffers
-// nobody else holds (an uncached stager's) are freed as they are written.
-Metadata save_snapshot(StateDict snapshot, StorageWriter& writer) {
-  SavePlan plan;
-  std::vector<c10::IValue> data;
-  {
-    const FlatStateDict flat = flatten_state_dict(snapshot);
-    snapshot = StateDict();  // drop this handle, so that the writer frees each buffer once written
-    plan = create_local_save_plan(flat, /*rank=*/0);
-    data = leaves_of(flat);
+// The failed ranks among gathered outcomes, and the payloads of the others.
+std::map<int64_t, std::string> failures_of(const std::vector<std::string>& outcomes,
+                                           std::vector<std::string>* payloads = nullptr) {
+  std::map<int64_t, std::string> failures;
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    const json outcome = json::parse(outcomes[r]);
+    if (outcome.at("ok").get<bool>()) {
+      if (payloads != nullptr) payloads->push_back(outcome.at("v").get<std::string>());
+    } else {
+      failures[static_cast<int64_t>(r)] = outcome.at("v").get<std::string>();
+    }
   }
-  return run_save(std::move(plan), std::move(data), writer);
+  return failures;
+}
+
+// The coordinator's verdict on a step, sent to every rank: the rank's payload, or the
+// failures.
+std::string verdict_ok(const std::string& payload) {
+  return json{{"ok", true}, {"v", payload}}.dump();
+}
+std::string verdict_failed(const std::map<int64_t, std::string>& failures) {
+  json list = json::array();
+  for (const auto& [rank, cause] : failures) list.push_back(json{rank, cause});
+  return json{{"ok", false}, {"failures", std::move(list)}}.dump();
+}
+// The payload of a verdict, or CheckpointError with its failures.
+std::string accept(const std::string& verdict, const char* step) {
+  const json parsed = json::parse(verdict);
+  if (parsed.at("ok").get<bool>()) return parsed.at("v").get<std::string>();
+  std::map<int64_t, std::string> failures;
+  for (const json& failure : parsed.at("failures")) failures[failure.at(0).get<int64_t>()] = failure.at(1).get<std::string>();
+  throw CheckpointError(step, std::move(failures));
+}
+
+// The save steps of one rank of `group`. `prepare` makes the rank's local save; its
+// errors count as the rank's failure in the plan step.
+Metadata run_distributed_save(const std::function<LocalSave()>& prepare, StorageWriter& writer,
+                              const ProcessGroup& group) {
+  constexpr int64_t kCoordinator = 0;
+  const int64_t rank = group.rank();
+  const bool coordinator = rank == kCoordinator;
+  // Once a rank's results are gathered the coordinator may commit its files: if the
+  // verdict then never arrives, they stay (unreferenced, like a crash's, if it did not).
+  bool verdict_pending = false;
+  try {
+    // Plan: every rank plans; the coordinator decides and hands each rank its part.
+    LocalSave local;
+    const std::string planned = attempt([&] {
+      local = prepare();
+      local.plan.rank = rank;
+      return detail::encode_save_plan(writer.prepare_local_plan(std::move(local.plan)));
+    });
+    const std::vector<std::string> gathered_plans = group.gather(planned, kCoordinator);
+    std::vector<std::string> plan_verdicts;
+    Metadata metadata;
+    if (coordinator) {
+      std::vector<std::string> encoded;
+      std::map<int64_t, std::string> failures = failures_of(gathered_plans, &encoded);
+      if (failures.empty()) {
+        try {
+          std::vector<SavePlan> plans;
+          for (const std::string& plan : encoded) plans.push_back(detail::decode_save_plan(plan));
+          GlobalSavePlan global = create_global_save_plan(std::move(plans));
+          global.metadata.save_id = detail::new_save_id();
+          for (const SavePlan& plan : writer.prepare_global_plan(std::move(global.plans), global.metadata)) {
+            plan_verdicts.push_back(verdict_ok(detail::encode_save_plan(plan)));
+          }
+          metadata = std::move(global.metadata);
+        } catch (const std::exception& e) {
+          failures[rank] = fmt::format("coordinator: {}", e.what());
+        }
+      }
+      if (!failures.empty()) plan_verdicts.assign(group.size(), verdict_failed(failures));
+    }
+    const std::string my_plan = group.scatter(plan_verdicts, kCoordinator);
+
+    // Write: every rank writes its part, unless planning failed anywhere.
+    const bool plan_failed = !json::parse(my_plan).at("ok").get<bool>();
+    const std::string written =
+        plan_failed ? json{{"ok", false}, {"v", "nothing written: planning failed"}}.dump() : attempt([&] {
+          const SavePlan plan = detail::decode_save_plan(accept(my_plan, "plan"));
+          return detail::encode_write_results(writer.write_data(plan, local.data));
+        });
+    const std::vector<std::string> gathered_results = group.gather(written, kCoordinator);
+    verdict_pending = true;
+
+    // Commit: the coordinator records where every chunk went and commits.
+    std::string commit_verdict;
+    if (coordinator) {
+      std::vector<std::string> encoded;
+      std::map<int64_t, std::string> failures = failures_of(gathered_results, &encoded);
+      if (plan_failed) {
+        commit_verdict = my_plan;
+      } else if (!failures.empty()) {
+        commit_verdict = verdict_failed(failures);
+      } else {
+        try {
+          std::vector<std::vector<WriteResult>> results;
+          for (const std::string& result : encoded) results.push_back(detail::decode_write_results(result));
+          record_write_results(metadata, results);
+          writer.finish(metadata);
+          commit_verdict = verdict_ok(encode_metadata(metadata));
+        } catch (const std::exception& e) {
+          commit_verdict = verdict_failed({{rank, fmt::format("coordinator: {}", e.what())}});
+        }
+      }
+    }
+    const std::string committed = group.broadcast(commit_verdict, kCoordinator);
+    verdict_pending = false;
+    if (plan_failed) accept(my_plan, "plan");
+    const std::string text = accept(committed, "write");
+    if (coordinator) return metadata;
+    return decode_metadata(text, fmt::format("from rank {}", kCoordinator));
+  } catch (...) {
+    if (!verdict_pending) writer.abort();
+    throw;
+  }
+}
+
+Metadata run_save(const std::function<LocalSave()>& prepare, StorageWriter& writer,
+                  const std::optional<ProcessGroup>& group) {
+  if (group) return run_distributed_save(prepare, writer, *group);
+  return run_local_save(prepare(), writer);
+}
+
+// Plans a snapshot, dropping every reference to it but the plan's data, so that
+// buffers nobody else holds (an uncached stager's) are freed as they are written.
+LocalSave plan_snapshot(StateDict snapshot, const std::unordered_map<std::string, ShardLayout>& layouts,
+                        int64_t rank) {
+  UnshardedState state{std::exchange(snapshot, StateDict()), layouts};
+  return plan_local_save(state, rank);
 }
 
 }  // namespace
 
-Metadata save(const StateDict& state, StorageWriter& writer) {
+Metadata save(const StateDict& state, StorageWriter& writer, std::optional<ProcessGroup> group) {
   writer.wait_for_pending_save();
-  const FlatStateDict flat = flatten_state_dict(resolve_stateful(state));
-  return run_save(create_local_save_plan(flat, /*rank=*/0), leaves_of(flat), writer);
+  const int64_t rank = group ? group->rank() : 0;
+  return run_save([&] { return plan_local_save(unshard_state_dict(resolve_stateful(state)), rank); }, writer, group);
 }
 
-Metadata save(const StateDict& state, const std::string& checkpoint_dir) {
+Metadata save(const StateDict& state, const std::string& checkpoint_dir, std::optional<ProcessGroup> group) {
   FileSystemWriter writer(checkpoint_dir);
-  return save(state, writer);
+  return save(state, writer, std::move(group));
 }
 
 AsyncSaveResponse async_save(const StateDict& state, StorageWriter& writer, AsyncStager* stager,
-                             AsyncSaveOptions options) {
+                             AsyncSaveOptions options, std::optional<ProcessGroup> group) {
   PendingSaveAccess::make_room(writer, options.if_save_pending());
-  const StateDict plain = resolve_stateful(state);
-  validate_state_dict(plain);
-
-  BlockingAsyncStager fallback;
-  AsyncStager* chosen = stager;
-  if (chosen == nullptr) chosen = dynamic_cast<AsyncStager*>(&writer);
-  if (chosen == nullptr) chosen = &fallback;
-
-  std::optional<std::shared_future<StateDict>> background = chosen->stage_in_background(plain);
-  StateDict snapshot;
-  if (!background) snapshot = chosen->stage(plain);
-
   auto staging = std::make_shared<std::promise<void>>();
   auto upload = std::make_shared<std::promise<Metadata>>();
   AsyncSaveResponse response{staging->get_future().share(), upload->get_future().share()};
-  std::thread thread([&writer, background, snapshot = std::exchange(snapshot, StateDict()), staging,
-                      upload]() mutable {
+
+  // With a group, an error here must still reach the other ranks through the
+  // background save's collectives, so it is kept rather than thrown.
+  std::exception_ptr early_error;
+  std::optional<std::shared_future<StateDict>> background;
+  StateDict snapshot;
+  std::unordered_map<std::string, ShardLayout> layouts;
+  AsyncStager* chosen = stager;
+  BlockingAsyncStager fallback;
+  try {
+    UnshardedState plain = unshard_state_dict(resolve_stateful(state));
+    validate_state_dict(plain.state);
+    layouts = std::move(plain.layouts);
+    if (chosen == nullptr) chosen = dynamic_cast<AsyncStager*>(&writer);
+    if (chosen == nullptr) chosen = &fallback;
+    background = chosen->stage_in_background(plain.state);
+    if (!background) snapshot = chosen->stage(plain.state);
+  } catch (...) {
+    if (!group) throw;
+    early_error = std::current_exception();
+  }
+
+  std::optional<ProcessGroup> save_group;
+  std::shared_future<void> previous_save;
+  if (group) {
+    save_group = group->async_save_group();
+    previous_save = save_group->take_turn(
+        std::async(std::launch::deferred, [upload = response.upload_completion] { upload.wait(); }).share());
+  }
+  const int64_t rank = group ? group->rank() : 0;
+  std::thread thread([&writer, background, snapshot = std::exchange(snapshot, StateDict()), layouts, staging, upload,
+                      early_error, save_group, previous_save, rank]() mutable {
     try {
-      if (background) {
+      if (early_error) {
+        staging->set_exception(early_error);
+      } else if (background) {
         try {
           snapshot = background->get();
           background.reset();
           staging->set_value();
         } catch (...) {
-          staging->set_exception(std::current_exception());
-          throw;
+          early_error = std::current_exception();
+          staging->set_exception(early_error);
+          if (!save_group) throw;
         }
       }
-      upload->set_value(save_snapshot(std::exchange(snapshot, StateDict()), writer));
+      if (previous_save.valid()) previous_save.wait();
+      const auto prepare = [&]() -> LocalSave {
+        if (early_error) std::rethrow_exception(early_error);
+        return plan_snapshot(std::exchange(snapshot, StateDict()), layouts, rank);
+      };
+      upload->set_value(run_save(prepare, writer, save_group));
     } catch (...) {
       upload->set_exception(std::current_exception());
     }
   });
   PendingSaveAccess::set(writer, std::move(thread), response.upload_completion);
-  if (!background) {
+  if (!background && !early_error) {
     staging->set_value();
     if (chosen->should_synchronize_after_execute()) chosen->synchronize_staging();
   }
@@ -207,11 +391,17 @@ void set_leaf(StateDict& root, const ObjectPath& path, const c10::IValue& value)
   }
 }
 
-// A tensor to fill from the checkpoint.
+// A tensor to fill from the checkpoint: `destination` holds the box `box` of the saved
+// tensor (all of it unless it is a shard).
 struct TensorFill {
   const EntryMetadata* entry;
   at::Tensor destination;
+  ChunkBox box;
 };
+
+ChunkBox whole_box(const std::vector<int64_t>& shape) {
+  return ChunkBox{std::vector<int64_t>(shape.size(), 0), shape};
+}
 
 // A Stateful's state dict as it will be handed to load_state_dict: its entries (paths
 // include the top-level key), tensors filled in place or materialised.
@@ -222,9 +412,11 @@ struct StatefulLoad {
 
 class LoadPlanner {
  public:
-  LoadPlanner(const Metadata& metadata, LoadOptions options) : metadata_(metadata), options_(options) {}
+  LoadPlanner(const Metadata& metadata, LoadOptions options, std::unordered_map<std::string, ShardLayout> layouts)
+      : metadata_(metadata), options_(options), layouts_(std::move(layouts)) {}
 
   // Plain entries are filled in place; Stateful ones collected for load_state_dict.
+  // Shards come as their local tensors, with their layouts given to the constructor.
   void add(const std::string& key, const c10::IValue& value) {
     if (const c10::intrusive_ptr<Stateful> object = as_stateful(value)) {
       add_stateful(key, object);
@@ -239,20 +431,25 @@ class LoadPlanner {
         require_partial(entry.fqn);
         continue;
       }
+      const auto layout = layouts_.find(entry.fqn);
+      if (layout != layouts_.end()) {
+        check_shard_compatible(entry, layout->second, *saved);
+        fills_.push_back(TensorFill{saved, entry.value.toTensor(), layout->second.box});
+        continue;
+      }
       check_compatible(entry, *saved);
       if (saved->kind == EntryKind::kTensor) {
-        fills_.push_back(TensorFill{saved, entry.value.toTensor()});
+        fills_.push_back(TensorFill{saved, entry.value.toTensor(), whole_box(saved->shape)});
       } else {
         values_.emplace_back(entry.path, saved);
       }
     }
   }
 
-  // Reads and verifies everything, then changes `state` and the Stateful objects.
-  void execute(StateDict& state, StorageReader& reader) {
+  // Reads and verifies everything the load needs; changes nothing.
+  void read(StorageReader& reader) {
     // The state dicts for load_state_dict, built now so that a structure they cannot
-    // have fails before anything changes; their tensors are filled below.
-    std::vector<StateDict> stateful_states;
+    // have fails before anything changes; their tensors are filled by apply().
     for (StatefulLoad& load : statefuls_) {
       FlatStateDict relative;
       for (FlatEntry& entry : load.entries) {
@@ -260,41 +457,31 @@ class LoadPlanner {
         ObjectPath path(entry.path.begin() + 1, entry.path.end());
         relative.add(FlatEntry{path_to_string(path), std::move(path), std::move(entry.value)});
       }
-      stateful_states.push_back(unflatten_state_dict(relative));
+      stateful_states_.push_back(unflatten_state_dict(relative));
     }
-    std::vector<ChunkRead> reads;
-    std::map<std::pair<const EntryMetadata*, size_t>, size_t> read_of;
-    struct Copy {
-      size_t fill;
-      size_t read;
-      ReadItem item;
-    };
-    std::vector<Copy> copies;
+    // One read per (destination, overlapping saved chunk), of the overlap only.
     for (size_t f = 0; f < fills_.size(); ++f) {
       const EntryMetadata& entry = *fills_[f].entry;
-      const ChunkBox whole{std::vector<int64_t>(entry.shape.size(), 0), entry.shape};
-      for (ReadItem& item : create_read_items(entry, whole)) {
-        const auto key = std::make_pair(&entry, item.chunk_index);
-        auto it = read_of.find(key);
-        if (it == read_of.end()) {
-          const TensorChunk& chunk = entry.chunks[item.chunk_index];
-          it = read_of.emplace(key, reads.size()).first;
-          reads.push_back(ChunkRead{&entry, &chunk, at::empty({chunk.location.length}, at::kByte)});
-        }
-        copies.push_back(Copy{f, it->second, std::move(item)});
+      for (ReadItem& item : create_read_items(entry, fills_[f].box)) {
+        const TensorChunk& chunk = entry.chunks[item.chunk_index];
+        const int64_t bytes = detail::checked_volume(item.lengths, entry.fqn) * element_size(entry.dtype);
+        reads_.push_back(
+            ChunkRead{&entry, &chunk, at::empty({bytes}, at::kByte), ChunkBox{item.storage_offsets, item.lengths}});
+        copies_.push_back(Copy{f, std::move(item)});
       }
     }
-    reader.read_data(reads);
+    reader.read_data(reads_);
+  }
 
-    // Everything is read and verified: from here on nothing fails for want of data.
+  // Fills the destinations and replaces the values: nothing fails for want of data.
+  void apply(StateDict& state) {
     const at::NoGradGuard no_grad;
-    for (const Copy& copy : copies) {
+    for (size_t i = 0; i < copies_.size(); ++i) {
+      const Copy& copy = copies_[i];
       const EntryMetadata& entry = *fills_[copy.fill].entry;
-      const TensorChunk& chunk = entry.chunks[copy.item.chunk_index];
-      at::Tensor source = reads[copy.read].buffer.view(entry.dtype).view(chunk.box.sizes);
+      const at::Tensor source = reads_[i].buffer.view(entry.dtype).view(copy.item.lengths);
       at::Tensor destination = fills_[copy.fill].destination;
       for (size_t d = 0; d < copy.item.lengths.size(); ++d) {
-        source = source.narrow(static_cast<int64_t>(d), copy.item.storage_offsets[d], copy.item.lengths[d]);
         destination = destination.narrow(static_cast<int64_t>(d), copy.item.dest_offsets[d], copy.item.lengths[d]);
       }
       destination.copy_(source);
@@ -303,7 +490,7 @@ class LoadPlanner {
       set_leaf(state, path, saved->value);
     }
     for (size_t i = 0; i < statefuls_.size(); ++i) {
-      statefuls_[i].object->load_state_dict(stateful_states[i]);
+      statefuls_[i].object->load_state_dict(stateful_states_[i]);
     }
   }
 
@@ -322,6 +509,19 @@ class LoadPlanner {
       throw InvalidArgument(fmt::format("load: entry '{}' is not in the checkpoint (LoadOptions::allow_partial_load "
                                         "leaves such entries as they are)",
                                         fqn));
+    }
+  }
+
+  static void check_shard_compatible(const FlatEntry& entry, const ShardLayout& layout, const EntryMetadata& saved) {
+    const at::Tensor& tensor = entry.value.toTensor();
+    if (saved.kind != EntryKind::kTensor) {
+      throw InvalidArgument(fmt::format("load: entry '{}' is a ShardedTensor in the state dict but a {} in the checkpoint",
+                                        entry.fqn, saved.value.tagKind()));
+    }
+    if (tensor.scalar_type() != saved.dtype || layout.global_shape != saved.shape) {
+      throw InvalidArgument(fmt::format("load: entry '{}' is a shard of {} in the state dict but {} in the checkpoint",
+                                        entry.fqn, describe(tensor.scalar_type(), layout.global_shape),
+                                        describe(saved.dtype, saved.shape)));
     }
   }
 
@@ -357,7 +557,7 @@ class LoadPlanner {
       if (const EntryMetadata* saved = find(entry)) {
         check_compatible(entry, *saved);
         if (saved->kind == EntryKind::kTensor) {
-          fills_.push_back(TensorFill{saved, entry.value.toTensor()});
+          fills_.push_back(TensorFill{saved, entry.value.toTensor(), whole_box(saved->shape)});
           load.entries.push_back(entry);
         } else {
           load.entries.push_back(FlatEntry{entry.fqn, entry.path, saved->value});
@@ -384,7 +584,7 @@ class LoadPlanner {
       if (current.contains(saved->fqn)) continue;
       if (saved->kind == EntryKind::kTensor) {
         at::Tensor tensor = at::empty(saved->shape, at::TensorOptions().dtype(saved->dtype));
-        fills_.push_back(TensorFill{saved, tensor});
+        fills_.push_back(TensorFill{saved, tensor, whole_box(saved->shape)});
         load.entries.push_back(FlatEntry{saved->fqn, saved->path, tensor});
       } else {
         load.entries.push_back(FlatEntry{saved->fqn, saved->path, saved->value});
@@ -393,27 +593,63 @@ class LoadPlanner {
     statefuls_.push_back(std::move(load));
   }
 
+  struct Copy {
+    size_t fill;
+    ReadItem item;
+  };
+
   const Metadata& metadata_;
   LoadOptions options_;
+  std::unordered_map<std::string, ShardLayout> layouts_;
   std::vector<TensorFill> fills_;
+  std::vector<ChunkRead> reads_;
+  std::vector<Copy> copies_;  // copies_[i] takes reads_[i]
+  std::vector<StateDict> stateful_states_;
   std::vector<std::pair<ObjectPath, const EntryMetadata*>> values_;
   std::vector<StatefulLoad> statefuls_;
 };
 
 }  // namespace
 
-void load(StateDict& state, StorageReader& reader, LoadOptions options) {
-  const Metadata metadata = reader.read_metadata();
-  LoadPlanner planner(metadata, options);
-  for (const auto& item : state) {
-    planner.add(item.key(), item.value());
+void load(StateDict& state, StorageReader& reader, LoadOptions options, std::optional<ProcessGroup> group) {
+  Metadata metadata;
+  std::optional<LoadPlanner> planner;
+  const auto prepare = [&] {
+    metadata = reader.read_metadata();
+    UnshardedState plain = unshard_state_dict(state);
+    planner.emplace(metadata, options, std::move(plain.layouts));
+    for (const auto& item : plain.state) {
+      planner->add(item.key(), item.value());
+    }
+    planner->read(reader);
+  };
+  if (!group) {
+    prepare();
+    planner->apply(state);
+    return;
   }
-  planner.execute(state, reader);
+  // Every rank reads and verifies, then all agree before any state changes.
+  const std::vector<std::string> outcomes = group->all_gather(attempt([&] {
+    prepare();
+    return metadata.save_id;
+  }));
+  std::vector<std::string> save_ids;
+  std::map<int64_t, std::string> failures = failures_of(outcomes, &save_ids);
+  if (failures.empty()) {
+    for (size_t r = 1; r < save_ids.size(); ++r) {
+      if (save_ids[r] != save_ids[0]) {
+        failures[static_cast<int64_t>(r)] = fmt::format(
+            "read checkpoint save {} while rank 0 read save {} (replaced during the load)", save_ids[r], save_ids[0]);
+      }
+    }
+  }
+  if (!failures.empty()) throw CheckpointError("load", std::move(failures));
+  planner->apply(state);
 }
 
-void load(StateDict& state, const std::string& checkpoint_dir, LoadOptions options) {
+void load(StateDict& state, const std::string& checkpoint_dir, LoadOptions options, std::optional<ProcessGroup> group) {
   FileSystemReader reader(checkpoint_dir);
-  load(state, reader, options);
+  load(state, reader, options, std::move(group));
 }
 
 }  // namespace stowage::dcp

@@ -19,8 +19,9 @@ namespace stowage::dcp {
 namespace {
 
 // Bytes hashed and written per system call: large enough for full disk speed, small
-// enough that the hash reads what is still in cache.
+// enough that the hash reads what is still in cache; whole checksum blocks.
 constexpr int64_t kPieceBytes = int64_t(8) << 20;
+static_assert(kPieceBytes % kChecksumBlockBytes == 0);
 
 int64_t align_up(int64_t offset) {
   return (offset + kChunkAlignment - 1) / kChunkAlignment * kChunkAlignment;
@@ -143,6 +144,13 @@ std::vector<WriteResult> FileSystemWriter::write_data(const SavePlan& plan, std:
           for (int64_t done = 0; done < length; done += kPieceBytes) {
             const int64_t piece = std::min(kPieceBytes, length - done);
             XXH3_64bits_update(state, bytes + done, static_cast<size_t>(piece));
+            if (length > kChecksumBlockBytes) {
+              for (int64_t block = 0; block < piece; block += kChecksumBlockBytes) {
+                const int64_t block_length = std::min(kChecksumBlockBytes, piece - block);
+                result.location.block_checksums.push_back(
+                    XXH3_64bits(bytes + done + block, static_cast<size_t>(block_length)));
+              }
+            }
             file.write_at(bytes + done, piece, result.location.offset + done);
           }
         } catch (...) {

@@ -3,6 +3,9 @@
 // Helpers shared by the dcp sources; not part of the public API.
 
 #include <stowage/dcp/metadata.h>
+#include <stowage/dcp/planner.h>
+
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <string>
@@ -17,6 +20,18 @@ int64_t checked_volume(const std::vector<int64_t>& sizes, const std::string& wha
 // rank, lies inside it, no two overlap, and together they cover it. Throws Error
 // naming `what` otherwise.
 void check_tiling(const std::vector<int64_t>& shape, const std::vector<ChunkBox>& chunks, const std::string& what);
+
+// A non-tensor leaf as the metadata stores it (docs/FORMAT.md), and back; decoding
+// throws Error naming `origin` and `where` for malformed input.
+nlohmann::json encode_value(const c10::IValue& value, const std::string& fqn);
+c10::IValue decode_value(const nlohmann::json& value, const std::string& origin, const std::string& where);
+
+// Plans and write results as bytes, to move between the ranks of one job (not a
+// stored format: every rank runs the same build).
+std::string encode_save_plan(const SavePlan& plan);
+SavePlan decode_save_plan(const std::string& bytes);
+std::string encode_write_results(const std::vector<WriteResult>& results);
+std::vector<WriteResult> decode_write_results(const std::string& bytes);
 
 // "<what>: <strerror(errno)>" as an Error.
 [[noreturn]] void throw_errno(const std::string& what, int error_number);

@@ -209,6 +209,14 @@ struct Decoder {
 
 namespace detail {
 
+nlohmann::json encode_value(const c10::IValue& value, const std::string& fqn) {
+  return ::stowage::dcp::encode_value(value, fqn);
+}
+
+c10::IValue decode_value(const nlohmann::json& value, const std::string& origin, const std::string& where) {
+  return Decoder{origin}.value(value, where);
+}
+
 int64_t checked_volume(const std::vector<int64_t>& sizes, const std::string& what) {
   int64_t volume = 1;
   for (int64_t size : sizes) {
@@ -312,6 +320,11 @@ std::string encode_metadata(const Metadata& metadata) {
                               {"offset", chunk.location.offset},
                               {"length", chunk.location.length},
                               {"xxh3", hex64(chunk.location.checksum)}});
+        if (!chunk.location.block_checksums.empty()) {
+          json blocks = json::array();
+          for (uint64_t block : chunk.location.block_checksums) blocks.push_back(hex64(block));
+          chunks.back()["block_xxh3"] = std::move(blocks);
+        }
       }
       e["chunks"] = std::move(chunks);
     } else {
@@ -323,6 +336,7 @@ std::string encode_metadata(const Metadata& metadata) {
   const json document{{"format", "stowage.dcp"},       {"version", metadata.version},
                       {"save_id", metadata.save_id},    {"world_size", metadata.world_size},
                       {"byte_order", "little"},         {"alignment", kChunkAlignment},
+                      {"checksum_block_bytes", kChecksumBlockBytes},
                       {"entries", std::move(entries)}};
   try {
     return document.dump(1);
@@ -352,9 +366,12 @@ Metadata decode_metadata(const std::string& text, const std::string& origin) {
   }
   Metadata metadata;
   metadata.version = d.integer(document, "version", "header");
-  if (metadata.version != kFormatVersion) {
-    d.fail("header", fmt::format("format version {} is not supported (this build reads version {})",
-                                 metadata.version, kFormatVersion));
+  if (metadata.version < kOldestReadableFormatVersion || metadata.version > kFormatVersion) {
+    d.fail("header", fmt::format("format version {} is not supported (this build reads versions {} to {})",
+                                 metadata.version, kOldestReadableFormatVersion, kFormatVersion));
+  }
+  if (metadata.version >= 2 && d.integer(document, "checksum_block_bytes", "header") != kChecksumBlockBytes) {
+    d.fail("header", fmt::format("checksum blocks must be {} bytes", kChecksumBlockBytes));
   }
   if (d.string(document, "byte_order", "header") != "little") d.fail("header", "only little-endian data is supported");
   metadata.save_id = d.string(document, "save_id", "header");
@@ -393,12 +410,25 @@ Metadata decode_metadata(const std::string& text, const std::string& origin) {
         if (chunk.location.offset > std::numeric_limits<int64_t>::max() - chunk.location.length) {
           d.fail(where, "chunk byte range overflows");
         }
-        const std::string checksum = d.string(c, "xxh3", where);
-        char* end = nullptr;
-        errno = 0;
-        chunk.location.checksum = std::strtoull(checksum.c_str(), &end, 16);
-        if (checksum.size() != 16 || errno != 0 || end != checksum.c_str() + checksum.size()) {
-          d.fail(where, "field 'xxh3' must be 16 hex digits");
+        const auto parse_hash = [&](const json& text, const char* field) {
+          if (!text.is_string()) d.fail(where, fmt::format("field '{}' must hold 16 hex digits", field));
+          const std::string digits = text.get<std::string>();
+          char* end = nullptr;
+          errno = 0;
+          const uint64_t hash = std::strtoull(digits.c_str(), &end, 16);
+          if (digits.size() != 16 || errno != 0 || end != digits.c_str() + digits.size()) {
+            d.fail(where, fmt::format("field '{}' must hold 16 hex digits", field));
+          }
+          return hash;
+        };
+        chunk.location.checksum = parse_hash(d.field(c, "xxh3", where), "xxh3");
+        const int64_t blocks = (chunk.location.length + kChecksumBlockBytes - 1) / kChecksumBlockBytes;
+        if (metadata.version >= 2 && blocks > 1) {
+          const json& hashes = d.field(c, "block_xxh3", where);
+          if (!hashes.is_array() || static_cast<int64_t>(hashes.size()) != blocks) {
+            d.fail(where, fmt::format("field 'block_xxh3' must list {} block checksums", blocks));
+          }
+          for (const json& hash : hashes) chunk.location.block_checksums.push_back(parse_hash(hash, "block_xxh3"));
         }
         boxes.push_back(chunk.box);
         entry.chunks.push_back(std::move(chunk));

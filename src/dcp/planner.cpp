@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <unordered_map>
 
@@ -18,7 +19,8 @@ std::string describe_shape(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-SavePlan create_local_save_plan(const FlatStateDict& state, int64_t rank) {
+SavePlan create_local_save_plan(const FlatStateDict& state, int64_t rank,
+                                const std::unordered_map<std::string, ShardLayout>& layouts) {
   SavePlan plan;
   plan.rank = rank;
   for (size_t i = 0; i < state.entries().size(); ++i) {
@@ -38,9 +40,14 @@ SavePlan create_local_save_plan(const FlatStateDict& state, int64_t rank) {
       }
       item.kind = EntryKind::kTensor;
       item.dtype = tensor.scalar_type();
-      item.global_shape = tensor.sizes().vec();
-      item.box.offsets.assign(item.global_shape.size(), 0);
-      item.box.sizes = item.global_shape;
+      if (const auto layout = layouts.find(entry.fqn); layout != layouts.end()) {
+        item.global_shape = layout->second.global_shape;
+        item.box = layout->second.box;
+      } else {
+        item.global_shape = tensor.sizes().vec();
+        item.box.offsets.assign(item.global_shape.size(), 0);
+        item.box.sizes = item.global_shape;
+      }
       item.nbytes = static_cast<int64_t>(tensor.nbytes());
     } else {
       item.kind = EntryKind::kValue;
@@ -85,25 +92,51 @@ GlobalSavePlan create_global_save_plan(std::vector<SavePlan> local_plans) {
     }
   }
 
-  // Each distinct tensor box is written once, by the rank with the fewest bytes so far.
-  std::vector<int64_t> planned_bytes(local_plans.size(), 0);
-  std::map<std::pair<std::string, std::vector<int64_t>>, int64_t> writer_of;  // (fqn, offsets) -> rank
-  std::vector<std::vector<ChunkBox>> boxes(global.metadata.entries.size());
+  // Each distinct tensor box is written once: collect the ranks offering each box, in
+  // the order the boxes first appear, then pick the offering rank with the fewest bytes
+  // planned so far.
+  struct Offer {
+    ChunkBox box;
+    int64_t nbytes = 0;
+    std::vector<int64_t> ranks;
+  };
+  using BoxKey = std::pair<std::string, std::vector<int64_t>>;  // (fqn, offsets)
+  std::map<BoxKey, size_t> offer_of;
+  std::vector<std::pair<BoxKey, Offer>> offers;
   for (const SavePlan& plan : local_plans) {
     for (const WriteItem& item : plan.items) {
       if (item.kind != EntryKind::kTensor) continue;
-      const auto key = std::make_pair(item.fqn, item.box.offsets);
-      const auto it = writer_of.find(key);
-      if (it == writer_of.end()) {
-        writer_of.emplace(key, plan.rank);
-        planned_bytes[plan.rank] += item.nbytes;
-        boxes[entry_of.at(item.fqn)].push_back(item.box);
-      } else if (planned_bytes[plan.rank] < planned_bytes[it->second]) {
-        planned_bytes[it->second] -= item.nbytes;
-        planned_bytes[plan.rank] += item.nbytes;
-        it->second = plan.rank;
+      BoxKey key(item.fqn, item.box.offsets);
+      const auto [it, inserted] = offer_of.emplace(key, offers.size());
+      if (inserted) {
+        offers.emplace_back(std::move(key), Offer{item.box, item.nbytes, {plan.rank}});
+        continue;
+      }
+      Offer& offer = offers[it->second].second;
+      if (offer.box.sizes != item.box.sizes) {
+        throw Error(fmt::format("checkpoint entry '{}': ranks {} and {} hold boxes of sizes {} and {} at offsets {}",
+                                item.fqn, offer.ranks.front(), plan.rank, describe_shape(offer.box.sizes),
+                                describe_shape(item.box.sizes), describe_shape(item.box.offsets)));
+      }
+      offer.ranks.push_back(plan.rank);
+    }
+  }
+  std::vector<int64_t> planned_bytes(local_plans.size(), 0);
+  std::map<BoxKey, int64_t> writer_of;
+  std::vector<std::vector<ChunkBox>> boxes(global.metadata.entries.size());
+  // Boxes only one rank holds first: they are that rank's bytes whatever happens.
+  std::stable_partition(offers.begin(), offers.end(),
+                        [](const std::pair<BoxKey, Offer>& offer) { return offer.second.ranks.size() == 1; });
+  for (auto& [key, offer] : offers) {
+    int64_t chosen = offer.ranks.front();
+    for (int64_t rank : offer.ranks) {
+      if (planned_bytes[rank] < planned_bytes[chosen] || (planned_bytes[rank] == planned_bytes[chosen] && rank < chosen)) {
+        chosen = rank;
       }
     }
+    planned_bytes[chosen] += offer.nbytes;
+    writer_of.emplace(key, chosen);
+    boxes[entry_of.at(key.first)].push_back(offer.box);
   }
   for (size_t i = 0; i < global.metadata.entries.size(); ++i) {
     const EntryMetadata& entry = global.metadata.entries[i];

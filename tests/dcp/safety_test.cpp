@@ -243,7 +243,7 @@ TEST(DcpSafety, MetadataIsValidatedBeforeAnythingIsRead) {
   const std::string file = location_of(d.metadata, "first").file;
   with("\"" + file + "\"", "\"../../etc/passwd\"");
   expect_error_naming([&] { load(d.target, d.dir.path()); }, {"first", "leave the checkpoint directory"});
-  with("\"version\": 1", "\"version\": 99");
+  with("\"version\": " + std::to_string(kFormatVersion), "\"version\": 99");
   expect_error_naming([&] { load(d.target, d.dir.path()); }, {"version 99"});
   with("\"dtype\": \"Float\"", "\"dtype\": \"Pickle\"");
   expect_error_naming([&] { load(d.target, d.dir.path()); }, {"first", "unknown dtype 'Pickle'"});

@@ -2,24 +2,86 @@
 
 #include "dcp_bench.h"
 
+#include <stowage/dcp/process_group.h>
+#include <stowage/error.h>
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 
+#include <stdlib.h>
+#include <unistd.h>
+
 namespace stowage::cli {
+namespace {
+
+std::string self_path() {
+  std::error_code error;
+  const std::filesystem::path path = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (error) throw Error("bench dcp: cannot find the stowage executable (/proc/self/exe)");
+  return path.string();
+}
+
+// The distributed save measurement with `nproc` ranks, each a process running this
+// tool as a rank; returns the aggregate GB/s rank 0 reports.
+double distributed_save_gbps(const bench::DcpBenchOptions& options, int nproc) {
+  const std::string parent = options.dir.empty() ? std::filesystem::temp_directory_path().string() : options.dir;
+  std::string scratch = parent + "/stowage-bench-dcp-ranks-XXXXXX";
+  if (mkdtemp(scratch.data()) == nullptr) throw Error(fmt::format("bench dcp: cannot create a directory in '{}'", parent));
+  const std::string result_file = scratch + "/result";
+  const int status = launch_ranks(nproc, 0, std::chrono::seconds(10),
+                                  {self_path(), "bench", "dcp", "--as-rank", "--size-mib", std::to_string(options.size_mib),
+                                   "--dir", scratch + "/checkpoint", "--result-file", result_file});
+  std::ifstream in(result_file);
+  double gbps = 0;
+  const bool read = static_cast<bool>(in >> gbps);
+  std::error_code ignored;
+  std::filesystem::remove_all(scratch, ignored);
+  if (status != 0 || !read) throw Error(fmt::format("bench dcp: the {}-rank save failed (status {})", nproc, status));
+  return gbps;
+}
+
+}  // namespace
 
 void add_bench_dcp(CLI::App& bench) {
   CLI::App* dcp = bench.add_subcommand("dcp", "Checkpoint staging, save and load against memcpy, the disk and torch::save");
   auto options = std::make_shared<bench::DcpBenchOptions>();
   auto json = std::make_shared<bool>(false);
+  auto nproc = std::make_shared<int>(0);
+  auto as_rank = std::make_shared<bool>(false);
+  auto result_file = std::make_shared<std::string>();
   dcp->add_option("--size-mib", options->size_mib, "size of the state dict in MiB (64 tensors)")
       ->check(CLI::PositiveNumber);
   dcp->add_option("--dir", options->dir, "scratch directory (default: the system temp directory)");
+  dcp->add_option("--nproc", *nproc, "also save the state sharded over this many local ranks (c10d Gloo)")
+      ->check(CLI::Range(1, 64));
   dcp->add_flag("--json", *json, "print one JSON object");
-  dcp->callback([options, json] {
+  // Internal: how --nproc runs each rank.
+  dcp->add_flag("--as-rank", *as_rank)->group("");
+  dcp->add_option("--result-file", *result_file)->group("");
+  dcp->callback([options, json, nproc, as_rank, result_file] {
+    if (*as_rank) {
+      const stowage::dcp::ProcessGroup group = stowage::dcp::init_process_group_from_env();
+      const double gbps = bench::run_dcp_rank_save_bench(*options, options->dir, group);
+      if (group.rank() == 0) std::ofstream(*result_file) << gbps << "\n";
+      return;
+    }
     const bench::DcpBenchResult result = bench::run_dcp_bench(*options);
+    nlohmann::json out = bench::to_json(result);
+    if (*nproc > 0) {
+      out["ranks"] = *nproc;
+      out["aggregate_save_gbps"] = distributed_save_gbps(*options, *nproc);
+    }
     if (*json) {
-      std::cout << bench::to_json(result).dump() << "\n";
+      std::cout << out.dump() << "\n";
     } else {
       std::cout << bench::format_report(result);
+      if (*nproc > 0) {
+        std::cout << fmt::format("  {} ranks (processes, c10d Gloo): aggregate save {:.2f} GB/s\n", *nproc,
+                                 out["aggregate_save_gbps"].get<double>());
+      }
     }
   });
 }

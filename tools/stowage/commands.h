@@ -4,6 +4,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include <chrono>
+#include <string>
+#include <vector>
+
 namespace stowage::cli {
 
 void add_demo_command(CLI::App& app);
@@ -15,5 +19,9 @@ void add_bench_command(CLI::App& app);
 void add_bench_activation(CLI::App& bench);
 void add_bench_swap(CLI::App& bench);
 void add_bench_dcp(CLI::App& bench);
+
+// Runs `command` as ranks 0..nproc-1 with torchrun's environment (port 0: a free one);
+// returns the first failed rank's exit status, or 0.
+int launch_ranks(int nproc, int port, std::chrono::seconds grace, const std::vector<std::string>& command);
 
 }  // namespace stowage::cli

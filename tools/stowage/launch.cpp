@@ -47,7 +47,9 @@ int exit_status(int status) {
   return 1;
 }
 
-int launch(int nproc, int port, std::chrono::seconds grace, const std::vector<std::string>& command) {
+}  // namespace
+
+int launch_ranks(int nproc, int port, std::chrono::seconds grace, const std::vector<std::string>& command) {
   if (command.empty()) throw InvalidArgument("launch: no command given after --");
   if (port == 0) port = free_port();
   std::vector<pid_t> children;
@@ -105,8 +107,6 @@ int launch(int nproc, int port, std::chrono::seconds grace, const std::vector<st
   return result;
 }
 
-}  // namespace
-
 void add_launch_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("launch", "Run N local ranks of a command with torchrun's environment");
   struct Options {
@@ -121,7 +121,7 @@ void add_launch_command(CLI::App& app) {
   cmd->add_option("--grace", options->grace_s, "seconds between SIGTERM and SIGKILL for the other ranks after a failure");
   cmd->add_option("command", options->command, "the command to run, after --")->required();
   cmd->callback([options] {
-    const int code = launch(options->nproc, options->port, std::chrono::seconds(options->grace_s), options->command);
+    const int code = launch_ranks(options->nproc, options->port, std::chrono::seconds(options->grace_s), options->command);
     if (code != 0) throw CLI::RuntimeError(code);
   });
 }

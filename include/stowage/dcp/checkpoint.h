@@ -4,26 +4,58 @@
 //
 // A top-level value of the state dict may be a Stateful (state/stateful.h): save and
 // async_save call its state_dict() on the caller's thread before staging; load calls
-// state_dict(), fills it, then load_state_dict().
+// state_dict(), fills it, then load_state_dict(). Values in dicts may be ShardedTensors
+// (sharded_tensor.h).
+//
+// Distributed: with a process group, every rank of the group calls the function with
+// its own part of the state. Every rank plans locally; rank 0 (the coordinator) gathers
+// the plans, deduplicates replicated tensors, checks that the shards tile every tensor,
+// builds the metadata and scatters each rank its final plan; every rank writes its own
+// data files; rank 0 gathers the results and commits the metadata only once every rank
+// has written. A failure on any rank reaches every rank: each raises CheckpointError
+// naming the failed ranks and their causes, and nothing is committed. Every rank takes
+// part in every collective whatever failed, so the group stays usable; a rank that
+// dies or hangs makes the others fail within the group's timeout (process_group.h).
 
 #include <stowage/dcp/filesystem.h>
 #include <stowage/dcp/metadata.h>
+#include <stowage/dcp/process_group.h>
+#include <stowage/dcp/sharded_tensor.h>
 #include <stowage/dcp/staging.h>
 #include <stowage/dcp/storage.h>
+#include <stowage/error.h>
 #include <stowage/state/state_dict.h>
 
 #include <torch/arg.h>
 
 #include <future>
+#include <map>
+#include <optional>
 #include <string>
 
 namespace stowage::dcp {
 
+// A distributed save or load that failed on some ranks; every rank of the group raises
+// it.
+class CheckpointError : public Error {
+ public:
+  // `step`: "plan", "write", "commit" or "load"; `failures`: cause by rank.
+  CheckpointError(std::string step, std::map<int64_t, std::string> failures);
+  const std::string& step() const { return step_; }
+  const std::map<int64_t, std::string>& failures() const { return failures_; }
+
+ private:
+  std::string step_;
+  std::map<int64_t, std::string> failures_;
+};
+
 // Saves `state` and returns the committed metadata. On an exception nothing of this
 // save remains and the previous checkpoint is untouched.
-Metadata save(const StateDict& state, StorageWriter& writer);
+// With a group, every rank returns the committed metadata.
+Metadata save(const StateDict& state, StorageWriter& writer, std::optional<ProcessGroup> group = std::nullopt);
 // Into `checkpoint_dir` with default FileSystemWriter options.
-Metadata save(const StateDict& state, const std::string& checkpoint_dir);
+Metadata save(const StateDict& state, const std::string& checkpoint_dir,
+              std::optional<ProcessGroup> group = std::nullopt);
 
 // What async_save does when the writer still has a save in flight.
 enum class PendingSave {
@@ -54,8 +86,15 @@ struct AsyncSaveResponse {
 // its synchronize_staging() is called after the write has started. One save per writer
 // is in flight at a time (see AsyncSaveOptions); the writer must outlive the save and
 // its destructor waits for it.
+//
+// With a group, the background save's collectives run on the group's async-save group
+// (ProcessGroup::async_save_group(), made on the first such call), never on the group
+// the caller's thread uses, and the background saves on it run one after another in
+// the order they were started. Every rank must then return from async_save to report:
+// a rank's error before the write (validation, staging) goes into its futures and,
+// through the collectives, into every rank's upload_completion as a CheckpointError.
 AsyncSaveResponse async_save(const StateDict& state, StorageWriter& writer, AsyncStager* stager = nullptr,
-                             AsyncSaveOptions options = {});
+                             AsyncSaveOptions options = {}, std::optional<ProcessGroup> group = std::nullopt);
 
 struct LoadOptions {
   // Leave entries the checkpoint lacks as they are, instead of failing.
@@ -67,8 +106,22 @@ struct LoadOptions {
 // except under a Stateful's key, where they are materialised on the CPU and handed to
 // its load_state_dict (a fresh optimizer gains its saved state). Everything is read
 // and verified before the first change: on an exception (a missing key, a shape or
-// dtype mismatch, a corrupt, short or missing file) `state` is unchanged.
-void load(StateDict& state, StorageReader& reader, LoadOptions options = {});
-void load(StateDict& state, const std::string& checkpoint_dir, LoadOptions options = {});
+// dtype mismatch, a corrupt, short or missing file) `state` is unchanged. A
+// ShardedTensor is filled with its box of the saved tensor, whatever chunks the
+// checkpoint holds; only the parts of saved chunks that overlap it are read (whole
+// checksum blocks, docs/FORMAT.md).
+//
+// Memory: everything a load needs is read into host buffers of the size of the parts
+// read and verified before the first destination changes, so a load holds up to the
+// loaded bytes again in host memory at its peak; that is the price of the guarantee.
+//
+// With a group, every rank reads and verifies its part, then the ranks agree (every
+// rank must load the same checkpoint and all must have succeeded) before any changes
+// its state: on a failure anywhere every rank raises CheckpointError and no rank's
+// state is changed.
+void load(StateDict& state, StorageReader& reader, LoadOptions options = {},
+          std::optional<ProcessGroup> group = std::nullopt);
+void load(StateDict& state, const std::string& checkpoint_dir, LoadOptions options = {},
+          std::optional<ProcessGroup> group = std::nullopt);
 
 }  // namespace stowage::dcp

@@ -1,10 +1,13 @@
 #pragma once
 
-// stowage::dcp, the checkpoint engine: stagers, save, async_save and load.
+// stowage::dcp, the checkpoint engine: stagers, save, async_save and load, in one
+// process or over a c10d process group.
 
 #include <stowage/dcp/checkpoint.h>
 #include <stowage/dcp/filesystem.h>
 #include <stowage/dcp/metadata.h>
 #include <stowage/dcp/planner.h>
+#include <stowage/dcp/process_group.h>
+#include <stowage/dcp/sharded_tensor.h>
 #include <stowage/dcp/staging.h>
 #include <stowage/dcp/storage.h>

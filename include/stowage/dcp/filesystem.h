@@ -72,9 +72,10 @@ class FileSystemWriter : public StorageWriter, public BlockingAsyncStager {
   std::vector<std::string> created_files_;  // by the save in progress, for abort()
 };
 
-// Reads checkpoints from one directory. Every chunk is read in full and its checksum
-// verified; paths in the metadata never leave the directory, and symbolic links are
-// not followed.
+// Reads checkpoints from one directory. A chunk read in full is verified against its
+// checksum; a part of one is read as the checksum blocks it touches, each verified
+// (docs/FORMAT.md). Paths in the metadata never leave the directory, and symbolic links
+// are not followed.
 class FileSystemReader : public StorageReader {
  public:
   explicit FileSystemReader(std::string path);
@@ -85,12 +86,16 @@ class FileSystemReader : public StorageReader {
   Metadata read_metadata() override;
   void read_data(std::vector<ChunkRead>& reads) override;
 
+  // Bytes the last read_data() read from data files.
+  int64_t bytes_read() const { return bytes_read_; }
+
  private:
   struct OpenFile;
   std::string path_;
   // The files of the checkpoint read_metadata() returned, opened then, so that an
   // overwrite that deletes them cannot take them away.
   std::unordered_map<std::string, std::shared_ptr<OpenFile>> files_;
+  int64_t bytes_read_ = 0;
 };
 
 }  // namespace stowage::dcp

@@ -18,13 +18,19 @@
 
 namespace stowage::dcp {
 
-// The version this build writes. Readers accept exactly the versions they know.
-inline constexpr int64_t kFormatVersion = 1;
+// The version this build writes. Readers accept exactly the versions they know: 1 (no
+// block checksums) and 2.
+inline constexpr int64_t kFormatVersion = 2;
+inline constexpr int64_t kOldestReadableFormatVersion = 1;
 // Name of the metadata file inside a checkpoint directory; its presence commits the
 // checkpoint.
 inline constexpr const char* kMetadataFileName = ".metadata.json";
 // Every chunk's bytes start at a multiple of this many bytes within their file.
 inline constexpr int64_t kChunkAlignment = 64;
+// A chunk longer than this has a checksum for every block of this many bytes (the last
+// one shorter), so that a load reading part of it verifies what it reads by reading
+// whole blocks rather than the whole chunk.
+inline constexpr int64_t kChecksumBlockBytes = int64_t(256) << 10;
 
 // A box of a tensor: where it starts in every dimension, and its extent.
 struct ChunkBox {
@@ -40,6 +46,9 @@ struct StorageLocation {
   int64_t offset = 0;
   int64_t length = 0;
   uint64_t checksum = 0;  // XXH3-64 (seed 0) of the length bytes
+  // XXH3-64 of each kChecksumBlockBytes block, when length exceeds one block (from
+  // format version 2 on); empty otherwise.
+  std::vector<uint64_t> block_checksums;
 };
 
 struct TensorChunk {

@@ -7,6 +7,7 @@
 // went and commits. In one process, rank 0 is both.
 
 #include <stowage/dcp/metadata.h>
+#include <stowage/dcp/sharded_tensor.h>
 #include <stowage/state/state_dict.h>
 
 #include <cstdint>
@@ -47,18 +48,21 @@ struct WriteResult {
   int64_t rank = 0;
 };
 
-// Local step, on every rank: one item per leaf. Throws InvalidArgument naming the
-// entry for an undefined tensor or a sparse/quantized one.
-SavePlan create_local_save_plan(const FlatStateDict& state, int64_t rank);
+// Local step, on every rank: one item per leaf; a tensor listed in `layouts` offers its
+// box of the global tensor, any other tensor the whole of it. Throws InvalidArgument
+// naming the entry for an undefined tensor or a sparse/quantized one.
+SavePlan create_local_save_plan(const FlatStateDict& state, int64_t rank,
+                                const std::unordered_map<std::string, ShardLayout>& layouts = {});
 
 struct GlobalSavePlan {
   std::vector<SavePlan> plans;  // indexed by rank; value items removed (they live in metadata)
   Metadata metadata;            // every entry, tensors without chunk locations yet
 };
 
-// Coordinator step: plans indexed by rank. A tensor box offered by several ranks is
-// written by the one with the fewest bytes so far (ties: the lowest rank); a value is
-// taken from the lowest rank. Throws Error naming the entry and ranks when ranks
+// Coordinator step: plans indexed by rank. A tensor box offered by several ranks (a
+// replicated tensor) is written once, by the one with the fewest bytes planned so far
+// (ties: the lowest rank): boxes held by one rank are planned first, then the shared
+// ones in the order the ranks list them. A value is taken from the lowest rank. Throws Error naming the entry and ranks when ranks
 // disagree on an entry's kind, dtype or shape, or when a tensor's boxes overlap,
 // leave the tensor, or leave part of it uncovered.
 GlobalSavePlan create_global_save_plan(std::vector<SavePlan> local_plans);

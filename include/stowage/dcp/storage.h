@@ -12,6 +12,7 @@
 
 #include <future>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -53,11 +54,14 @@ class StorageWriter {
   std::shared_future<Metadata> pending_;
 };
 
-// A chunk to read, and the contiguous CPU buffer of location.length bytes it goes to.
+// A saved chunk, or a box of it, to read, and the contiguous CPU buffer it goes to: the
+// elements read in row-major order.
 struct ChunkRead {
   const EntryMetadata* entry = nullptr;
   const TensorChunk* chunk = nullptr;
   at::Tensor buffer;
+  // The box to read, its offsets relative to the chunk (as in ReadItem); none: all of it.
+  std::optional<ChunkBox> region;
 };
 
 class StorageReader {
@@ -66,7 +70,8 @@ class StorageReader {
   // The committed checkpoint's metadata; the reader then holds on to that checkpoint
   // (its data stays readable even if a writer replaces it) until the next call.
   virtual Metadata read_metadata() = 0;
-  // Fills every buffer and verifies its checksum. Throws Error naming the entry and the
+  // Fills every buffer with verified bytes: everything it reads is checked against the
+  // chunk's checksum or its block checksums. Throws Error naming the entry and the
   // file for a missing, short or corrupt chunk.
   virtual void read_data(std::vector<ChunkRead>& reads) = 0;
 };

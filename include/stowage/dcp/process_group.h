@@ -1,0 +1,81 @@
+#pragma once
+
+// The ranks of a distributed checkpoint, on LibTorch's own c10d: a TCPStore rendezvous
+// and a ProcessGroupGloo (CPU tensors, so the checkpoint's collectives never touch the
+// device or the training loop's streams). The c10d types stay in the .cpp: their class
+// hierarchy differs between LibTorch 1.x (ProcessGroupGloo is a ProcessGroup) and 2.x
+// (it is a Backend).
+//
+// Every collective is bounded by the group's timeout: a rank that dies makes the others
+// fail as soon as its connections drop, and one that stops answering makes them fail
+// after the timeout. All ranks must call the collectives in the same order.
+
+#include <torch/arg.h>
+
+#include <chrono>
+#include <future>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace stowage::dcp {
+
+struct ProcessGroupOptions {
+  // Bound on the rendezvous and on every collective. A save's collective waits for the
+  // slowest rank's writes, so this must exceed the longest write; c10d's default.
+  TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(30);
+};
+
+class ProcessGroup {
+ public:
+  struct Impl;
+  explicit ProcessGroup(std::shared_ptr<Impl> impl);
+
+  int64_t rank() const;
+  int64_t size() const;
+  std::chrono::milliseconds timeout() const;
+
+  // A new group over the same ranks and store whose collectives never interleave with
+  // this one's (its own Gloo context and connections, its keys under `name` in the
+  // store). Collective: every rank calls it with the same name.
+  ProcessGroup new_group(const std::string& name) const;
+
+  // The group async_save runs its background collectives on: new_group("async_save"),
+  // made on the first call (collective) and the same one afterwards.
+  ProcessGroup async_save_group() const;
+
+  // Queues a save on this group: returns the completion of the save queued before it
+  // (invalid if none), which it must wait for before its first collective; `done` is
+  // its own completion, which the next one waits for. Called on the caller's thread,
+  // this runs background saves one after another in the order the ranks started them,
+  // the same on every rank.
+  std::shared_future<void> take_turn(std::shared_future<void> done) const;
+
+  // Byte exchanges, each a few c10d collectives on uint8 tensors. Throw Error naming
+  // the operation and c10d's cause on a timeout or a lost rank.
+  // Every rank's bytes, indexed by rank, on every rank.
+  std::vector<std::string> all_gather(const std::string& bytes) const;
+  // Every rank's bytes, indexed by rank, on `root`; empty elsewhere.
+  std::vector<std::string> gather(const std::string& bytes, int64_t root) const;
+  // parts[r] (given on `root` only) to rank r.
+  std::string scatter(const std::vector<std::string>& parts, int64_t root) const;
+  // root's bytes to every rank.
+  std::string broadcast(const std::string& bytes, int64_t root) const;
+  void barrier() const;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+// Joins the group the environment describes, as torchrun and `stowage launch` set it:
+// RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; GLOO_SOCKET_IFNAME, if set, picks the
+// network interface as in PyTorch. Rank 0 hosts the TCPStore. Throws InvalidArgument naming a
+// missing or malformed variable, and Error if the rendezvous fails within the timeout.
+ProcessGroup init_process_group_from_env(ProcessGroupOptions options = {});
+
+// The same with explicit values.
+ProcessGroup init_process_group(const std::string& master_addr, int master_port, int64_t rank, int64_t world_size,
+                                ProcessGroupOptions options = {});
+
+}  // namespace stowage::dcp

@@ -1,0 +1,285 @@
+// One rank of the distributed dcp tests (tests/dcp/distributed_test.cpp), run by
+// `stowage launch` or the test itself with torchrun's environment. It joins the group
+// and runs its commands in order, checking every result itself:
+//
+//   save DIR      saves the test state, sharded over this world, into DIR
+//   load DIR      loads DIR into this world's layout and checks every value
+//   async DIR     two async_saves in a row on every rank, then a load
+//   fail DIR      a save in which rank 1 fails mid-write: every rank must raise an
+//                 error naming rank 1, DIR must keep its previous checkpoint; then a
+//                 successful save (the resume)
+//   die DIR       a save in which rank 1 dies mid-write: the others must fail within
+//                 the group's timeout (STOWAGE_TEST_TIMEOUT_MS) and commit nothing
+//
+// Exit status 0 when every check held; 1 with a message otherwise.
+#include <stowage/dcp/dcp.h>
+#include <stowage/error.h>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <filesystem>
+#include <set>
+#include <cstdlib>
+#include <iostream>
+#include <stdexcept>
+#include <string>
+#include <unistd.h>
+
+namespace dcp = stowage::dcp;
+
+namespace {
+
+int64_t g_rank = 0;
+int64_t g_world = 1;
+
+#define CHECK(condition, ...)                                                                             \
+  do {                                                                                                     \
+    if (!(condition)) throw std::runtime_error(fmt::format("rank {}: check failed: {}: {}", g_rank,        \
+                                                           #condition, fmt::format(__VA_ARGS__)));         \
+  } while (0)
+
+// The split of `size` into `world` parts, the first ones one longer (uneven shards).
+std::pair<int64_t, int64_t> split(int64_t size, int64_t world, int64_t rank) {
+  const int64_t base = size / world;
+  const int64_t extra = size % world;
+  const int64_t length = base + (rank < extra ? 1 : 0);
+  const int64_t offset = rank * base + std::min(rank, extra);
+  return {offset, length};
+}
+
+// The global tensors, the same on every rank and in every run (`generation` shifts them).
+torch::Tensor global_rows(double generation) {  // sharded by rows
+  return torch::arange(11 * 6, torch::kFloat).reshape({11, 6}) + generation;
+}
+torch::Tensor global_cols(double generation) {  // sharded by columns
+  return torch::arange(7 * 9, torch::kDouble).reshape({7, 9}) * 0.5 + generation;
+}
+torch::Tensor global_big(double generation) {  // 1 MiB: four checksum blocks
+  return torch::arange(256 * 1024, torch::kFloat).reshape({256, 1024}) + generation;
+}
+torch::Tensor replicated(int i, double generation) {
+  return torch::full({256 + i}, float(i) + generation);  // over 1 KiB: more than the shards' imbalance
+}
+
+c10::IValue shard(const torch::Tensor& global, int64_t dim, const torch::Tensor& local_source) {
+  const auto [offset, length] = split(global.size(dim), g_world, g_rank);
+  std::vector<int64_t> offsets(global.dim(), 0);
+  offsets[dim] = offset;
+  torch::Tensor local = local_source.defined() ? local_source : global.narrow(dim, offset, length).clone();
+  return dcp::sharded_tensor(local, global.sizes().vec(), offsets);
+}
+
+// The state of this rank: sharded, replicated and non-tensor entries, some nested.
+// With `fill` the tensors hold the checkpoint's values; otherwise garbage to overwrite.
+stowage::StateDict make_state(double generation, bool fill) {
+  const auto garbage = [&](const torch::Tensor& global, int64_t dim) {
+    const auto [offset, length] = split(global.size(dim), g_world, g_rank);
+    (void)offset;
+    std::vector<int64_t> sizes = global.sizes().vec();
+    sizes[dim] = length;
+    return torch::full(sizes, -7, global.options());
+  };
+  stowage::StateDict state;
+  const torch::Tensor rows = global_rows(generation);
+  const torch::Tensor cols = global_cols(generation);
+  const torch::Tensor big = global_big(generation);
+  state.insert("rows", shard(rows, 0, fill ? torch::Tensor() : garbage(rows, 0)));
+  state.insert("big", shard(big, 0, fill ? torch::Tensor() : garbage(big, 0)));
+  c10::impl::GenericDict model(c10::StringType::get(), c10::AnyType::get());
+  model.insert("cols", shard(cols, 1, fill ? torch::Tensor() : garbage(cols, 1)));
+  for (int i = 0; i < 4; ++i) {
+    model.insert("rep" + std::to_string(i), fill ? replicated(i, generation) : torch::zeros({256 + i}));
+  }
+  model.insert("scale", fill ? torch::tensor(2.5 + generation) : torch::tensor(0.0));
+  state.insert("model", model);
+  state.insert("step", fill ? int64_t(1000 + generation) : int64_t(-1));
+  state.insert("name", fill ? std::string("gen") + std::to_string(int(generation)) : std::string("none"));
+  return state;
+}
+
+torch::Tensor local_of(const c10::IValue& value) {
+  return dcp::as_sharded_tensor(value)->local();
+}
+
+void check_state(const stowage::StateDict& state, double generation) {
+  const auto expect_shard = [&](const char* name, const c10::IValue& value, const torch::Tensor& global, int64_t dim) {
+    const auto [offset, length] = split(global.size(dim), g_world, g_rank);
+    CHECK(torch::equal(local_of(value), global.narrow(dim, offset, length)), "{} differs (generation {})", name,
+          generation);
+  };
+  expect_shard("rows", state.at("rows"), global_rows(generation), 0);
+  expect_shard("big", state.at("big"), global_big(generation), 0);
+  const auto model = state.at("model").toGenericDict();
+  expect_shard("cols", model.at("cols"), global_cols(generation), 1);
+  for (int i = 0; i < 4; ++i) {
+    CHECK(torch::equal(model.at("rep" + std::to_string(i)).toTensor(), replicated(i, generation)), "rep{} differs", i);
+  }
+  CHECK(model.at("scale").toTensor().item<double>() == 2.5 + generation, "scale differs");
+  CHECK(state.at("step").toInt() == int64_t(1000 + generation), "step is {}", state.at("step").toInt());
+  CHECK(state.at("name").toStringRef() == "gen" + std::to_string(int(generation)), "name differs");
+}
+
+// What the metadata of a save with this world must say.
+void check_metadata(const dcp::Metadata& metadata) {
+  CHECK(metadata.world_size == g_world, "world_size {}", metadata.world_size);
+  std::set<int64_t> writers;
+  for (int i = 0; i < 4; ++i) {
+    const dcp::EntryMetadata* rep = metadata.find("model.rep" + std::to_string(i));
+    CHECK(rep != nullptr && rep->chunks.size() == 1, "replicated rep{} must be written exactly once", i);
+    writers.insert(rep->chunks[0].rank);
+  }
+  // Fewest bytes planned so far: the replicated tensors spread over the ranks.
+  CHECK(static_cast<int64_t>(writers.size()) == std::min<int64_t>(g_world, 4), "replicated tensors written by {} ranks",
+        writers.size());
+  const dcp::EntryMetadata* cols = metadata.find("model.cols");
+  CHECK(cols != nullptr && static_cast<int64_t>(cols->chunks.size()) == g_world, "cols has {} chunks",
+        cols->chunks.size());
+  for (const dcp::TensorChunk& chunk : cols->chunks) {
+    CHECK(chunk.box.offsets[1] == split(9, g_world, chunk.rank).first, "cols chunk of rank {} misplaced", chunk.rank);
+  }
+  CHECK(metadata.find("step") != nullptr && metadata.find("step")->value.toInt() >= 1000, "step missing");
+}
+
+double generation_of(const std::string& dir) {
+  // Each directory gets its own values, so a load from the wrong one fails.
+  return static_cast<double>(std::hash<std::string>{}(dir) % 97);
+}
+
+void save_command(const dcp::ProcessGroup& group, const std::string& dir) {
+  const dcp::Metadata metadata = dcp::save(make_state(generation_of(dir), true), dir, group);
+  check_metadata(metadata);
+}
+
+void load_command(const dcp::ProcessGroup& group, const std::string& dir) {
+  stowage::StateDict state = make_state(generation_of(dir), false);
+  dcp::load(state, dir, {}, group);
+  check_state(state, generation_of(dir));
+  // Only the overlapping bytes (in whole checksum blocks) are read: a row shard of
+  // "big" touches at most two partial blocks per saved chunk beyond its own bytes.
+  stowage::StateDict big;
+  big.insert("big", make_state(0, false).at("big"));
+  dcp::FileSystemReader reader(dir);
+  dcp::load(big, reader, dcp::LoadOptions().allow_partial_load(true), group);
+  const dcp::Metadata metadata = reader.read_metadata();
+  const int64_t own = local_of(big.at("big")).numel() * 4;
+  const int64_t bound = own + 2 * dcp::kChecksumBlockBytes * static_cast<int64_t>(metadata.find("big")->chunks.size());
+  CHECK(reader.bytes_read() <= bound, "read {} bytes of 'big' for a shard of {} bytes", reader.bytes_read(), own);
+  if (g_world > 1) CHECK(reader.bytes_read() < 256 * 1024 * 4, "read the whole of 'big' ({} bytes)", reader.bytes_read());
+}
+
+void async_command(const dcp::ProcessGroup& group, const std::string& dir) {
+  dcp::FileSystemWriter writer(dir);
+  stowage::StateDict first = make_state(1, true);
+  stowage::StateDict second = make_state(2, true);
+  const dcp::AsyncSaveResponse a = dcp::async_save(first, writer, nullptr, {}, group);
+  a.staging_completion.get();
+  // Training goes on: the caller's group keeps running collectives meanwhile.
+  group.barrier();
+  const auto all = group.all_gather(std::to_string(g_rank));
+  CHECK(static_cast<int64_t>(all.size()) == g_world, "all_gather during async_save");
+  dcp::FileSystemWriter other_writer(dir + "-b");
+  const dcp::AsyncSaveResponse b = dcp::async_save(second, other_writer, nullptr, {}, group);
+  check_metadata(a.upload_completion.get());
+  check_metadata(b.upload_completion.get());
+  stowage::StateDict state = make_state(1, false);
+  dcp::load(state, dir, {}, group);
+  check_state(state, 1);
+  state = make_state(2, false);
+  dcp::load(state, dir + "-b", {}, group);
+  check_state(state, 2);
+}
+
+// Fails (or dies) on rank 1 once its first chunk is written.
+class FailingWriter : public dcp::FileSystemWriter {
+ public:
+  FailingWriter(const std::string& dir, bool die) : FileSystemWriter(dir), die_(die) {}
+
+ protected:
+  void on_item_written(const dcp::WriteResult& result) override {
+    if (g_rank != 1) return;
+    if (die_) _exit(3);
+    throw stowage::Error(fmt::format("injected disk failure after writing '{}'", result.fqn));
+  }
+
+ private:
+  bool die_;
+};
+
+void fail_command(const dcp::ProcessGroup& group, const std::string& dir) {
+  dcp::save(make_state(1, true), dir, group);
+  FailingWriter failing(dir, /*die=*/false);
+  try {
+    dcp::save(make_state(2, true), failing, group);
+    CHECK(false, "the save with a failing rank succeeded");
+  } catch (const dcp::CheckpointError& e) {
+    CHECK(e.step() == "write" && e.failures().size() == 1 && e.failures().count(1) == 1, "{}", e.what());
+    CHECK(std::string(e.what()).find("injected disk failure") != std::string::npos, "{}", e.what());
+  }
+  group.barrier();  // every rank has cleaned up
+  stowage::StateDict state = make_state(0, false);
+  dcp::load(state, dir, {}, group);
+  check_state(state, 1);  // the previous checkpoint
+  // Resume: the next save on the same group succeeds.
+  dcp::save(make_state(3, true), dir, group);
+  state = make_state(0, false);
+  dcp::load(state, dir, {}, group);
+  check_state(state, 3);
+  // Nothing of the failed save is left: every data file belongs to the checkpoint.
+  const dcp::Metadata metadata = dcp::FileSystemReader(dir).read_metadata();
+  const std::vector<std::string> files = metadata.files();
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    CHECK(name == dcp::kMetadataFileName || std::find(files.begin(), files.end(), name) != files.end(),
+          "stray file '{}'", name);
+  }
+}
+
+void die_command(const dcp::ProcessGroup& group, const std::string& dir) {
+  dcp::save(make_state(1, true), dir, group);
+  FailingWriter dying(dir, /*die=*/true);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    dcp::save(make_state(2, true), dying, group);
+    CHECK(false, "the save with a dead rank succeeded");
+  } catch (const stowage::Error& e) {
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::cout << fmt::format("rank {} failed after {:.1f} s: {}\n", g_rank, seconds, e.what());
+    CHECK(seconds < group.timeout().count() / 1000.0 + 5, "took {} s", seconds);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const char* timeout = std::getenv("STOWAGE_TEST_TIMEOUT_MS");
+    const dcp::ProcessGroup group = dcp::init_process_group_from_env(
+        dcp::ProcessGroupOptions().timeout(std::chrono::milliseconds(timeout ? std::atoll(timeout) : 60000)));
+    g_rank = group.rank();
+    g_world = group.size();
+    for (int i = 1; i + 1 < argc; i += 2) {
+      const std::string command = argv[i];
+      const std::string dir = argv[i + 1];
+      if (command == "save") {
+        save_command(group, dir);
+      } else if (command == "load") {
+        load_command(group, dir);
+      } else if (command == "async") {
+        async_command(group, dir);
+      } else if (command == "fail") {
+        fail_command(group, dir);
+      } else if (command == "die") {
+        die_command(group, dir);
+      } else {
+        throw std::runtime_error("unknown command " + command);
+      }
+    }
+    std::cout << fmt::format("rank {} of {}: ok\n", g_rank, g_world);
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << fmt::format("rank {} of {}: {}\n", g_rank, g_world, e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,159 @@
+// Sharded tensors and partial reads in one process: a checkpoint's chunks load into
+// any box by overlap, reading only the checksum blocks the box touches, each verified;
+// version-1 checkpoints (no block checksums) still load.
+
+#include "dcp/test_util.h"
+
+#include <stowage/error.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace stowage::dcp {
+namespace {
+
+using testing::ScratchDir;
+
+// [512, 1024] floats: 2 MiB, eight checksum blocks of 64 rows each.
+torch::Tensor global_tensor() {
+  return torch::arange(512 * 1024, torch::kFloat).reshape({512, 1024});
+}
+
+StateDict shard_state(const torch::Tensor& local, std::vector<int64_t> offsets) {
+  StateDict state;
+  state.insert("w", sharded_tensor(local, {512, 1024}, std::move(offsets)));
+  return state;
+}
+
+TEST(DcpShard, ShardedTensorRejectsABoxOutsideTheGlobalTensor) {
+  EXPECT_THROW(sharded_tensor(torch::zeros({4, 4}), {8, 4}, {5, 0}), InvalidArgument);
+  EXPECT_THROW(sharded_tensor(torch::zeros({4, 4}), {8, 4, 1}, {0, 0, 0}), InvalidArgument);
+  EXPECT_THROW(sharded_tensor(torch::Tensor(), {8}, {0}), InvalidArgument);
+  StateDict state;
+  c10::impl::GenericList list(c10::AnyType::get());
+  list.push_back(sharded_tensor(torch::zeros({2}), {4}, {0}));
+  state.insert("l", list);
+  EXPECT_THROW(save(state, ScratchDir().path()), InvalidArgument);
+}
+
+TEST(DcpShard, ShardsSavedInOneProcessTileTheTensor) {
+  // Two shards of one rank cannot be expressed; one shard alone does not tile.
+  const ScratchDir dir;
+  const torch::Tensor global = global_tensor();
+  try {
+    save(shard_state(global.narrow(0, 0, 100).clone(), {0, 0}), dir.path());
+    ADD_FAILURE() << "a partial shard was saved as the whole tensor";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'w'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DcpShard, AShardLoadsByOverlapReadingOnlyItsBlocks) {
+  const ScratchDir dir;
+  const torch::Tensor global = global_tensor();
+  StateDict whole;
+  whole.insert("w", global);
+  const Metadata metadata = save(whole, dir.path());
+  ASSERT_EQ(metadata.find("w")->chunks.at(0).location.block_checksums.size(), 8u);
+
+  // Rows 100..199: touches blocks 1..3 (64 rows each), not the other five.
+  torch::Tensor rows = torch::zeros({100, 1024});
+  StateDict target = shard_state(rows, {100, 0});
+  FileSystemReader reader(dir.path());
+  load(target, reader);
+  EXPECT_TRUE(torch::equal(rows, global.narrow(0, 100, 100)));
+  EXPECT_EQ(reader.bytes_read(), 3 * kChecksumBlockBytes);
+
+  // A column box spans every row: all blocks, each verified, nothing beyond the chunk.
+  torch::Tensor cols = torch::zeros({512, 3});
+  target = shard_state(cols, {0, 1021});
+  load(target, reader);
+  EXPECT_TRUE(torch::equal(cols, global.narrow(1, 1021, 3)));
+  EXPECT_EQ(reader.bytes_read(), 8 * kChecksumBlockBytes);
+
+  // An inner box.
+  torch::Tensor inner = torch::zeros({7, 5});
+  target = shard_state(inner, {300, 17});
+  load(target, reader);
+  EXPECT_TRUE(torch::equal(inner, global.narrow(0, 300, 7).narrow(1, 17, 5)));
+  EXPECT_EQ(reader.bytes_read(), kChecksumBlockBytes);
+}
+
+TEST(DcpShard, ACorruptBlockFailsAPartialLoadAndChangesNothing) {
+  const ScratchDir dir;
+  StateDict whole;
+  whole.insert("w", global_tensor());
+  const Metadata metadata = save(whole, dir.path());
+  const StorageLocation& location = metadata.find("w")->chunks.at(0).location;
+  const std::string path = dir.sub(location.file);
+  std::string bytes = testing::read_file(path);
+  bytes[location.offset + 2 * kChecksumBlockBytes + 10] ^= 0x40;  // in block 2
+  testing::write_file(path, bytes);
+
+  // Rows 0..63 are block 0: still verified and loaded.
+  torch::Tensor clean = torch::zeros({64, 1024});
+  StateDict target = shard_state(clean, {0, 0});
+  load(target, dir.path());
+  EXPECT_TRUE(torch::equal(clean, global_tensor().narrow(0, 0, 64)));
+
+  torch::Tensor rows = torch::full({100, 1024}, -1.0f);
+  target = shard_state(rows, {100, 0});
+  try {
+    load(target, dir.path());
+    ADD_FAILURE() << "a corrupt block was loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("corrupt"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(location.file), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(torch::equal(rows, torch::full({100, 1024}, -1.0f)));
+}
+
+TEST(DcpShard, VersionOneCheckpointsStillLoadWholeOrInPart) {
+  const ScratchDir dir;
+  StateDict whole;
+  whole.insert("w", global_tensor());
+  save(whole, dir.path());
+  // Rewrite the metadata as version 1 wrote it: no block checksums.
+  nlohmann::json metadata = nlohmann::json::parse(testing::read_file(testing::metadata_path(dir.path())));
+  metadata["version"] = 1;
+  metadata.erase("checksum_block_bytes");
+  for (auto& entry : metadata["entries"]) {
+    for (auto& chunk : entry["chunks"]) chunk.erase("block_xxh3");
+  }
+  testing::write_file(testing::metadata_path(dir.path()), metadata.dump());
+
+  FileSystemReader reader(dir.path());
+  torch::Tensor rows = torch::zeros({100, 1024});
+  StateDict target = shard_state(rows, {100, 0});
+  load(target, reader);
+  EXPECT_TRUE(torch::equal(rows, global_tensor().narrow(0, 100, 100)));
+  EXPECT_EQ(reader.bytes_read(), 512 * 1024 * 4);  // the whole chunk: its one checksum
+  StateDict full;
+  full.insert("w", torch::zeros({512, 1024}));
+  load(full, reader);
+  EXPECT_TRUE(torch::equal(full.at("w").toTensor(), global_tensor()));
+
+  // A version-2 chunk without its block checksums is malformed.
+  metadata["version"] = 2;
+  metadata["checksum_block_bytes"] = kChecksumBlockBytes;
+  testing::write_file(testing::metadata_path(dir.path()), metadata.dump());
+  EXPECT_THROW(load(full, dir.path()), Error);
+}
+
+TEST(DcpShard, AShardOfADifferentGlobalShapeIsAClearError) {
+  const ScratchDir dir;
+  StateDict whole;
+  whole.insert("w", global_tensor());
+  save(whole, dir.path());
+  StateDict target;
+  target.insert("w", sharded_tensor(torch::zeros({4, 4}), {512, 1000}, {0, 0}));
+  try {
+    load(target, dir.path());
+    ADD_FAILURE() << "loaded a shard of another shape";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("'w'"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace stowage::dcp
