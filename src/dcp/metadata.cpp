@@ -356,7 +356,7 @@ Metadata decode_metadata(const std::string& text, const std::string& origin) {
   json document;
   try {
     document = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers like 1e400
     throw Error(fmt::format("checkpoint metadata {} is not valid JSON: {}", origin, e.what()));
   }
   if (!document.is_object() || d.string(document, "format", "header") != "stowage.dcp") {

@@ -159,5 +159,16 @@ TEST(HostileMetadata, TamperedTextFailsTheMetadataChecksum) {
   EXPECT_EQ(target.at("step").toInt(), 1234);
 }
 
+// Found by the metadata fuzzer: nlohmann::json reports a number beyond double's range
+// as out_of_range, not parse_error; it escaped decode_metadata as a foreign exception.
+TEST(HostileMetadata, ANumberOutOfRangeIsAnError) {
+  try {
+    dcp::decode_metadata(R"({"format": "stowage.dcp", "version": 1e400})", "test.json");
+    ADD_FAILURE() << "decoded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("test.json is not valid JSON"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace stowage::reliability
