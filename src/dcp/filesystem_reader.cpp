@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <exception>
@@ -26,6 +27,46 @@ struct FileSystemReader::OpenFile {
   detail::File file;
   int64_t size = 0;
 };
+
+namespace {
+
+// Every chunk's byte range lies inside its file, and no two non-empty ranges of a file
+// overlap. Then no load allocates more than the files hold, whatever sizes the
+// metadata claims: the buffers load makes are as large as the chunks.
+void check_chunk_ranges(const std::string& path, const Metadata& metadata,
+                        const std::unordered_map<std::string, int64_t>& file_sizes) {
+  struct Range {
+    int64_t offset;
+    int64_t end;
+    const std::string* fqn;
+  };
+  std::unordered_map<std::string, std::vector<Range>> ranges;
+  for (const EntryMetadata& entry : metadata.entries) {
+    for (const TensorChunk& chunk : entry.chunks) {
+      const StorageLocation& location = chunk.location;
+      if (location.length == 0) continue;  // reads nothing; may sit past the file's end
+      const int64_t size = file_sizes.at(location.file);
+      if (location.offset > size || location.length > size - location.offset) {
+        throw Error(fmt::format("checkpoint '{}': entry '{}': data file '{}' is truncated: it has {} bytes, the chunk "
+                                "needs bytes {} to {}",
+                                path, entry.fqn, location.file, size, location.offset, location.offset + location.length));
+      }
+      ranges[location.file].push_back(Range{location.offset, location.offset + location.length, &entry.fqn});
+    }
+  }
+  for (auto& [file, list] : ranges) {
+    std::sort(list.begin(), list.end(), [](const Range& a, const Range& b) { return a.offset < b.offset; });
+    for (size_t i = 1; i < list.size(); ++i) {
+      if (list[i].offset < list[i - 1].end) {
+        throw Error(fmt::format("checkpoint '{}': entries '{}' and '{}': their chunks overlap in data file '{}' "
+                                "(bytes {} and {})",
+                                path, *list[i - 1].fqn, *list[i].fqn, file, list[i - 1].offset, list[i].offset));
+      }
+    }
+  }
+}
+
+}  // namespace
 
 FileSystemReader::FileSystemReader(std::string path) : path_(std::move(path)) {
   if (path_.empty()) throw InvalidArgument("FileSystemReader: the checkpoint path is empty");
@@ -73,6 +114,9 @@ Metadata FileSystemReader::read_metadata() {
       files.emplace(name, std::move(open));
     }
     if (missing.empty()) {
+      std::unordered_map<std::string, int64_t> file_sizes;
+      for (const auto& [name, open] : files) file_sizes.emplace(name, open->size);
+      check_chunk_ranges(path_, metadata, file_sizes);
       files_ = std::move(files);
       return metadata;
     }

@@ -10,9 +10,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <exception>
 #include <unordered_set>
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 namespace stowage::dcp {
@@ -62,6 +66,81 @@ std::vector<FileJob> assign_files(const SavePlan& plan, const FileSystemWriterOp
   return jobs;
 }
 
+bool is_hex(const std::string& text, size_t from, size_t count) {
+  if (text.size() < from + count) return false;
+  for (size_t i = from; i < from + count; ++i) {
+    if (!std::isxdigit(static_cast<unsigned char>(text[i]))) return false;
+  }
+  return true;
+}
+
+// Whether `name` is a file a save of this writer creates: "data-<16 hex>-r..." ending
+// in ".data", or "<metadata>.tmp-<16 hex>". Nothing else in the directory is touched.
+bool is_save_file_name(const std::string& name) {
+  static const std::string temp_prefix = std::string(kMetadataFileName) + ".tmp-";
+  if (name.rfind(temp_prefix, 0) == 0) {
+    return name.size() == temp_prefix.size() + 16 && is_hex(name, temp_prefix.size(), 16);
+  }
+  return name.rfind("data-", 0) == 0 && is_hex(name, 5, 16) && name.compare(21, 2, "-r") == 0 &&
+         name.size() > 28 && name.compare(name.size() - 5, 5, ".data") == 0;
+}
+
+}  // namespace
+
+// A flock on the checkpoint directory (see the header's orphan rule).
+struct FileSystemWriter::DirectoryLock {
+  detail::File directory;
+
+  explicit DirectoryLock(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) detail::throw_errno(fmt::format("cannot open checkpoint directory '{}'", path), errno);
+    directory = detail::File(fd, path);
+  }
+  bool try_exclusive() {
+    while (::flock(directory.fd(), LOCK_EX | LOCK_NB) != 0) {
+      if (errno == EWOULDBLOCK) return false;
+      if (errno != EINTR) detail::throw_errno(fmt::format("cannot lock '{}'", directory.path()), errno);
+    }
+    return true;
+  }
+  void shared() {
+    while (::flock(directory.fd(), LOCK_SH) != 0) {
+      if (errno != EINTR) detail::throw_errno(fmt::format("cannot lock '{}'", directory.path()), errno);
+    }
+  }
+};
+
+namespace {
+
+// Deletes the files of stowage's naming that the committed checkpoint in `path` does
+// not list. Call only while no other save is in flight. When the committed metadata
+// cannot be read, its data files cannot be told from orphans and are left alone.
+void remove_orphans(const std::string& path) {
+  const std::string metadata_path = detail::join_path(path, kMetadataFileName);
+  std::unordered_set<std::string> referenced;
+  bool data_files_known = true;
+  if (detail::file_exists(metadata_path)) {
+    try {
+      for (std::string& name : decode_metadata(detail::read_text_file(metadata_path), metadata_path).files()) {
+        referenced.insert(std::move(name));
+      }
+    } catch (const Error&) {
+      data_files_known = false;
+    }
+  }
+  DIR* directory = ::opendir(path.c_str());
+  if (directory == nullptr) return;
+  std::vector<std::string> orphans;
+  while (const dirent* entry = ::readdir(directory)) {
+    const std::string name = entry->d_name;
+    if (!is_save_file_name(name) || referenced.count(name) != 0) continue;
+    if (name.rfind("data-", 0) == 0 && !data_files_known) continue;
+    orphans.push_back(name);
+  }
+  ::closedir(directory);
+  for (const std::string& name : orphans) ::unlink(detail::join_path(path, name).c_str());
+}
+
 }  // namespace
 
 FileSystemWriter::FileSystemWriter(std::string path, FileSystemWriterOptions options)
@@ -95,7 +174,13 @@ SavePlan FileSystemWriter::prepare_local_plan(SavePlan plan) {
     throw InvalidArgument(fmt::format(
         "FileSystemWriter: '{}' already holds a checkpoint and the option overwrite is off", path_));
   }
-  std::lock_guard<std::mutex> lock(created_mutex_);
+  lock_.reset();
+  coordinator_ = false;
+  auto lock = std::make_unique<DirectoryLock>(path_);
+  if (lock->try_exclusive()) remove_orphans(path_);
+  lock->shared();
+  lock_ = std::move(lock);
+  std::lock_guard<std::mutex> guard(created_mutex_);
   created_files_.clear();
   return plan;
 }
@@ -104,6 +189,7 @@ std::vector<SavePlan> FileSystemWriter::prepare_global_plan(std::vector<SavePlan
   for (SavePlan& plan : plans) {
     plan.file_prefix = fmt::format("data-{}-r{}", metadata.save_id, plan.rank);
   }
+  coordinator_ = true;
   return plans;
 }
 
@@ -187,6 +273,8 @@ std::vector<WriteResult> FileSystemWriter::write_data(const SavePlan& plan, std:
   worker();
   for (std::thread& helper : helpers) helper.join();
   if (first_error) std::rethrow_exception(first_error);
+  // A rank that does not coordinate is done; the coordinator's lock guards its files.
+  if (!coordinator_) lock_.reset();
 
   std::vector<WriteResult> all;
   for (auto& file_results : results) {
@@ -236,12 +324,14 @@ void FileSystemWriter::finish(const Metadata& metadata) {
   for (const std::string& name : old_files) {
     if (keep.count(name) == 0) ::unlink(detail::join_path(path_, name).c_str());
   }
+  lock_.reset();
 }
 
 void FileSystemWriter::abort() noexcept {
   std::lock_guard<std::mutex> lock(created_mutex_);
   for (const std::string& file : created_files_) ::unlink(file.c_str());
   created_files_.clear();
+  lock_.reset();
 }
 
 }  // namespace stowage::dcp

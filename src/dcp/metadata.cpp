@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <xxhash.h>
 
 #include <array>
 #include <cerrno>
@@ -26,6 +27,16 @@ constexpr std::array<c10::ScalarType, 13> kDtypes = {
 
 std::string dtype_name(c10::ScalarType dtype) {
   return c10::toString(dtype);
+}
+
+// The metadata's own checksum: XXH3-64 of the compact JSON of the document without
+// this field. Hashing the parsed document, not the file's bytes, keeps it independent
+// of layout; it catches what validation cannot, such as a changed value or offset.
+constexpr const char* kChecksumField = "metadata_xxh3";
+
+uint64_t document_checksum(const json& document) {
+  const std::string compact = document.dump();
+  return XXH3_64bits(compact.data(), compact.size());
 }
 
 // ------------------------------------------------------------------ encoding
@@ -333,12 +344,13 @@ std::string encode_metadata(const Metadata& metadata) {
     }
     entries.push_back(std::move(e));
   }
-  const json document{{"format", "stowage.dcp"},       {"version", metadata.version},
+  json document{{"format", "stowage.dcp"},       {"version", metadata.version},
                       {"save_id", metadata.save_id},    {"world_size", metadata.world_size},
                       {"byte_order", "little"},         {"alignment", kChunkAlignment},
                       {"checksum_block_bytes", kChecksumBlockBytes},
                       {"entries", std::move(entries)}};
   try {
+    document[kChecksumField] = hex64(document_checksum(document));
     return document.dump(1);
   } catch (const json::type_error& e) {
     // The only failure dump() has: a string that is not UTF-8. Find whose.
@@ -358,7 +370,7 @@ Metadata decode_metadata(const std::string& text, const std::string& origin) {
   json document;
   try {
     document = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers like 1e400
     throw Error(fmt::format("checkpoint metadata {} is not valid JSON: {}", origin, e.what()));
   }
   if (!document.is_object() || d.string(document, "format", "header") != "stowage.dcp") {
@@ -456,6 +468,14 @@ Metadata decode_metadata(const std::string& text, const std::string& origin) {
     metadata.index();
   } catch (const InvalidArgument& e) {
     d.fail("entries", e.what());
+  }
+  // Last, so that a malformed document gets the error that says what is wrong with it.
+  const std::string stored = d.string(document, kChecksumField, "header");
+  document.erase(kChecksumField);
+  const std::string computed = hex64(document_checksum(document));
+  if (stored != computed) {
+    d.fail("header", fmt::format("the metadata is corrupt: its checksum is {}, its content hashes to {}", stored,
+                                 computed));
   }
   return metadata;
 }

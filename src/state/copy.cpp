@@ -8,8 +8,8 @@
 namespace stowage {
 namespace {
 
-const char* leaf_kind(const c10::IValue& value) {
-  return value.tagKind().c_str();
+std::string leaf_kind(const c10::IValue& value) {
+  return value.tagKind();
 }
 
 std::string describe_tensor(const at::Tensor& t) {

@@ -8,6 +8,15 @@
 // is synced. So a reader sees the previous checkpoint or the new one, never a mixture,
 // and a save that fails or crashes before the rename leaves the previous checkpoint as
 // it was. Only after the rename are the previous checkpoint's data files deleted.
+//
+// Orphans (data files and temporary metadata of a save that crashed) are removed by the
+// next save, under this rule: every save holds a shared flock on the directory from
+// prepare_local_plan until it commits or aborts (a rank that does not coordinate:
+// until its data is written; the coordinator's lock spans every rank's writes). A save
+// that can take the lock exclusively first knows no other save is in flight, so every
+// file of stowage's naming that the committed metadata does not list is an orphan and
+// is deleted; then it holds the lock shared like every other save. A killed process's
+// lock dies with it. Locks are advisory: only stowage writers on one host honour them.
 
 #include <stowage/dcp/staging.h>
 #include <stowage/dcp/storage.h>
@@ -70,6 +79,9 @@ class FileSystemWriter : public StorageWriter, public BlockingAsyncStager {
   FileSystemWriterOptions options_;
   std::mutex created_mutex_;
   std::vector<std::string> created_files_;  // by the save in progress, for abort()
+  struct DirectoryLock;
+  std::unique_ptr<DirectoryLock> lock_;  // held by the save in progress
+  bool coordinator_ = false;              // prepare_global_plan ran for this save
 };
 
 // Reads checkpoints from one directory. A chunk read in full is verified against its

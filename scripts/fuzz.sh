@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (fuzz/) with clang in ${STOWAGE_FUZZ_BUILD_DIR:-build-fuzz}
+# and runs each for a bounded time on a scratch copy of its seed corpus:
+#   bash scripts/fuzz.sh [SECONDS_PER_TARGET]     (default 45)
+# Fails on a crash, a leak, a hang (-timeout), or an allocation over -malloc_limit_mb.
+# Execution counts go to STOWAGE_RELIABILITY_FIGURES when set.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${STOWAGE_FUZZ_BUILD_DIR:-$root/build-fuzz}
+seconds=${1:-45}
+
+bash "$root/scripts/setup.sh"
+launcher=()
+if command -v ccache >/dev/null; then
+  export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
+  export CCACHE_BASEDIR="$root"
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+fi
+CXX=clang++-14 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" \
+  -DSTOWAGE_FUZZ=ON -DSTOWAGE_BUILD_TESTS=OFF -DSTOWAGE_BUILD_BENCH=OFF -DSTOWAGE_BUILD_TOOLS=OFF \
+  -DSTOWAGE_BUILD_EXAMPLES=OFF >/dev/null
+cmake --build "$build" --parallel "${STOWAGE_JOBS:-2}" --target metadata_fuzzer reader_fuzzer
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:suppressions=$root/scripts/sanitizers/lsan.supp}
+export LSAN_OPTIONS=suppressions=$root/scripts/sanitizers/lsan.supp
+status=0
+for target in metadata reader; do
+  mkdir -p "$work/$target"
+  # New inputs go to the scratch corpus; the committed seeds are only read.
+  if ! "$build/fuzz/${target}_fuzzer" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+      -malloc_limit_mb=512 -print_final_stats=1 "$work/$target" "$root/fuzz/corpus/$target" \
+      >"$work/$target.log" 2>&1; then
+    status=1
+    tail -n 60 "$work/$target.log"
+  fi
+  runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$work/$target.log" | grep -o '[0-9]*$' || echo 0)
+  echo "fuzz: ${target}_fuzzer ran $runs inputs in ${seconds} s (status $status)"
+  if [ -n "${STOWAGE_RELIABILITY_FIGURES:-}" ]; then
+    echo "fuzz.${target}.executions ${runs:-0}" >>"$STOWAGE_RELIABILITY_FIGURES"
+    echo "fuzz.${target}.seconds $seconds" >>"$STOWAGE_RELIABILITY_FIGURES"
+  fi
+done
+exit $status

@@ -1,0 +1,229 @@
+// Full disks and I/O errors, for real: saves into a size-limited tmpfs until ENOSPC, and
+// with a low open-file limit (EMFILE). The upload future fails with the cause, the
+// training thread goes on, the previous checkpoint stays intact and loadable, and no
+// file descriptor, thread or host buffer is left behind (counted before and after).
+
+#include "dcp/test_util.h"
+#include "reliability/generations.h"
+#include "reliability/report.h"
+
+#include <stowage/error.h>
+#include <stowage/memory/host_buffer.h>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+namespace stowage::reliability {
+namespace {
+
+using dcp::testing::ScratchDir;
+namespace fs = std::filesystem;
+
+size_t entries_in(const char* dir) {
+  size_t count = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    (void)entry;
+    ++count;
+  }
+  return count;
+}
+
+struct Resources {
+  size_t fds = entries_in("/proc/self/fd");
+  size_t threads = entries_in("/proc/self/task");
+  int64_t host_bytes = memory::host_buffer_stats().current_bytes;
+};
+
+// A tmpfs of `bytes` mounted on a scratch directory for the test's lifetime.
+class SmallFileSystem {
+ public:
+  explicit SmallFileSystem(int64_t bytes) {
+    const std::string options = "size=" + std::to_string(bytes);
+    if (::mount("tmpfs", scratch_.path().c_str(), "tmpfs", 0, options.c_str()) == 0) {
+      mounted_ = true;
+    } else {
+      error_ = std::strerror(errno);
+    }
+  }
+  ~SmallFileSystem() {
+    if (mounted_) ::umount2(scratch_.path().c_str(), MNT_DETACH);
+  }
+  bool mounted() const { return mounted_; }
+  const std::string& error() const { return error_; }
+  std::string sub(const std::string& name) const { return scratch_.sub(name); }
+  int64_t free_bytes() const {
+    struct statvfs info {};
+    ::statvfs(scratch_.path().c_str(), &info);
+    return static_cast<int64_t>(info.f_bavail) * static_cast<int64_t>(info.f_frsize);
+  }
+
+ private:
+  ScratchDir scratch_;
+  bool mounted_ = false;
+  std::string error_;
+};
+
+void fill(const std::string& path, int64_t bytes) {
+  std::string block(1 << 16, 'x');
+  FILE* out = std::fopen(path.c_str(), "wb");
+  ASSERT_NE(out, nullptr);
+  for (int64_t done = 0; done < bytes;) {
+    const size_t n = static_cast<size_t>(std::min<int64_t>(bytes - done, static_cast<int64_t>(block.size())));
+    if (std::fwrite(block.data(), 1, n, out) != n) break;
+    done += static_cast<int64_t>(n);
+  }
+  std::fclose(out);
+}
+
+struct SaveConfig {
+  const char* stager;  // "sync", "writer", "background"
+  bool single_file;
+  int64_t threads;
+};
+
+TEST(FullDisk, SavesIntoAFullFileSystemFailCleanlyAndLeakNothing) {
+  const SmallFileSystem disk(8 << 20);
+  if (!disk.mounted()) {
+    GTEST_SKIP() << "cannot mount a size-limited tmpfs here (" << disk.error()
+                 << "); DcpSafety.AFullDiskFailsTheSaveCleanly covers a full disk with RLIMIT_FSIZE";
+  }
+  const std::string dir = disk.sub("ckpt");
+  dcp::save(generation_state(1), dir);
+  const std::vector<std::string> committed = dcp::testing::list_files(dir);
+  // Leave less room than a generation needs (about 1.5 MiB), but some.
+  fill(disk.sub("filler"), disk.free_bytes() - (600 << 10));
+
+  const std::vector<SaveConfig> configs = {{"sync", true, 1},      {"sync", false, 3},   {"writer", true, 3},
+                                           {"writer", false, 1},   {"background", true, 1}, {"background", false, 3}};
+  dcp::DefaultStager background;
+  int64_t failures = 0;
+  StateDict training = generation_state(2);
+  background.stage(training);  // its buffers are cached from here on: not a leak
+  const Resources before;
+  for (int round = 0; round < 3; ++round) {
+    for (const SaveConfig& config : configs) {
+      SCOPED_TRACE(fmt::format("{} single_file={} threads={}", config.stager, config.single_file, config.threads));
+      dcp::FileSystemWriter writer(
+          dir, dcp::FileSystemWriterOptions().single_file_per_rank(config.single_file).thread_count(config.threads));
+      std::string message;
+      try {
+        if (std::string(config.stager) == "sync") {
+          dcp::save(training, writer);
+        } else {
+          dcp::AsyncSaveResponse response = dcp::async_save(
+              training, writer, std::string(config.stager) == "background" ? &background : nullptr);
+          response.staging_completion.get();
+          // The training thread carries on while the write fails in the background.
+          fill_generation(training, 3 + round);
+          EXPECT_EQ(compare_to_generation(training, 3 + round), "");
+          response.upload_completion.get();
+        }
+        ADD_FAILURE() << "the save fit into a full file system";
+      } catch (const Error& e) {
+        message = e.what();
+      }
+      EXPECT_NE(message.find("No space left on device"), std::string::npos) << message;
+      EXPECT_TRUE(message.find("data-") != std::string::npos || message.find(".tmp-") != std::string::npos)
+          << message;
+      ++failures;
+      // The previous checkpoint, exactly as it was.
+      EXPECT_EQ(dcp::testing::list_files(dir), committed);
+      StateDict loaded = generation_state(-1);
+      dcp::load(loaded, dir);
+      EXPECT_EQ(compare_to_generation(loaded, 1), "");
+    }
+  }
+  const Resources after;
+  EXPECT_EQ(after.fds, before.fds);
+  EXPECT_EQ(after.threads, before.threads);
+  EXPECT_EQ(after.host_bytes, before.host_bytes);
+  record_figure("full_disk.enospc_saves_failed_cleanly", failures);
+  record_figure("full_disk.fd_delta", static_cast<int64_t>(after.fds) - static_cast<int64_t>(before.fds));
+  record_figure("full_disk.thread_delta", static_cast<int64_t>(after.threads) - static_cast<int64_t>(before.threads));
+  record_figure("full_disk.host_buffer_delta", after.host_bytes - before.host_bytes);
+}
+
+TEST(FullDisk, AFailedMetadataCommitLeavesThePreviousCheckpoint) {
+  const SmallFileSystem disk(8 << 20);
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a size-limited tmpfs here (" << disk.error() << ")";
+  const std::string dir = disk.sub("ckpt");
+  const dcp::Metadata first = dcp::save(generation_state(1), dir);
+  const std::vector<std::string> committed = dcp::testing::list_files(dir);
+  // Exactly the pages the data files of a save take: the data fits, the metadata does not.
+  int64_t data_pages = 0;
+  for (const std::string& name : first.files()) {
+    data_pages += (static_cast<int64_t>(fs::file_size(dir + "/" + name)) + 4095) / 4096;
+  }
+  fill(disk.sub("filler"), disk.free_bytes() - data_pages * 4096);
+  ASSERT_EQ(disk.free_bytes(), data_pages * 4096);
+  try {
+    dcp::save(generation_state(2), dir);
+    ADD_FAILURE() << "the save fit";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("No space left on device"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(".metadata.json.tmp-"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(dcp::testing::list_files(dir), committed);
+  StateDict loaded = generation_state(-1);
+  dcp::load(loaded, dir);
+  EXPECT_EQ(compare_to_generation(loaded, 1), "");
+}
+
+TEST(IoErrors, RunningOutOfFileDescriptorsFailsSavesAndLoadsCleanly) {
+  const ScratchDir scratch;
+  const std::string dir = scratch.sub("ckpt");
+  {
+    dcp::FileSystemWriter writer(dir, dcp::FileSystemWriterOptions().single_file_per_rank(false));
+    dcp::save(generation_state(1), writer);  // seven data files: more than a load may open
+  }
+  const std::vector<std::string> committed = dcp::testing::list_files(dir);
+  const Resources before;
+  struct rlimit old_limit {};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old_limit), 0);
+  struct rlimit limit = old_limit;
+  limit.rlim_cur = before.fds + 64;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &limit), 0);
+  // Take every descriptor but one: the save's directory lock gets it, its first data
+  // file does not; the load reads its metadata with it, then cannot open a second file.
+  std::vector<int> taken;
+  for (int fd; (fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) taken.push_back(fd);
+  ASSERT_EQ(errno, EMFILE);
+  ASSERT_FALSE(taken.empty());
+  ::close(taken.back());
+  taken.pop_back();
+  std::string save_error, load_error;
+  try {
+    dcp::FileSystemWriter writer(dir, dcp::FileSystemWriterOptions().single_file_per_rank(false).thread_count(3));
+    dcp::save(generation_state(2), writer);
+  } catch (const Error& e) {
+    save_error = e.what();
+  }
+  StateDict loaded = generation_state(-1);
+  try {
+    dcp::load(loaded, dir);
+  } catch (const Error& e) {
+    load_error = e.what();
+  }
+  for (int fd : taken) ::close(fd);
+  ::setrlimit(RLIMIT_NOFILE, &old_limit);
+  EXPECT_NE(save_error.find("Too many open files"), std::string::npos) << save_error;
+  EXPECT_NE(load_error.find("Too many open files"), std::string::npos) << load_error;
+  EXPECT_EQ(compare_to_generation(loaded, -1), "") << "a failed load changed the target";
+  EXPECT_EQ(dcp::testing::list_files(dir), committed);
+  dcp::load(loaded, dir);
+  EXPECT_EQ(compare_to_generation(loaded, 1), "");
+  const Resources after;
+  EXPECT_EQ(after.fds, before.fds);
+  EXPECT_EQ(after.threads, before.threads);
+}
+
+}  // namespace
+}  // namespace stowage::reliability
