@@ -229,12 +229,13 @@ std::vector<WriteResult> FileSystemWriter::write_data(const SavePlan& plan, std:
         try {
           for (int64_t done = 0; done < length; done += kPieceBytes) {
             const int64_t piece = std::min(kPieceBytes, length - done);
-            XXH3_64bits_update(state, bytes + done, static_cast<size_t>(piece));
-            if (length > kChecksumBlockBytes) {
-              for (int64_t block = 0; block < piece; block += kChecksumBlockBytes) {
-                const int64_t block_length = std::min(kChecksumBlockBytes, piece - block);
-                result.location.block_checksums.push_back(
-                    XXH3_64bits(bytes + done + block, static_cast<size_t>(block_length)));
+            // Block by block, so that the second hash reads what the first left in cache.
+            for (int64_t block = 0; block < piece; block += kChecksumBlockBytes) {
+              const char* block_bytes = bytes + done + block;
+              const size_t block_length = static_cast<size_t>(std::min(kChecksumBlockBytes, piece - block));
+              XXH3_64bits_update(state, block_bytes, block_length);
+              if (length > kChecksumBlockBytes) {
+                result.location.block_checksums.push_back(XXH3_64bits(block_bytes, block_length));
               }
             }
             file.write_at(bytes + done, piece, result.location.offset + done);

@@ -240,8 +240,10 @@ void ProcessGroup::barrier() const {
   run(g, "barrier", [&] { return g.backend->barrier(options); });
 }
 
-ProcessGroup init_process_group(const std::string& master_addr, int master_port, int64_t rank, int64_t world_size,
-                                ProcessGroupOptions options) {
+namespace {
+
+ProcessGroup join_group(const std::string& master_addr, int master_port, int64_t rank, int64_t world_size,
+                        bool host_store, const ProcessGroupOptions& options) {
   if (world_size < 1 || rank < 0 || rank >= world_size) {
     throw InvalidArgument(fmt::format("init_process_group: rank {} is not within a world of size {}", rank,
                                       world_size));
@@ -261,7 +263,7 @@ ProcessGroup init_process_group(const std::string& master_addr, int master_port,
   try {
     c10d::TCPStoreOptions store_options;
     store_options.port = static_cast<uint16_t>(master_port);
-    store_options.isServer = rank == 0;
+    store_options.isServer = host_store && rank == 0;
     store_options.numWorkers = static_cast<size_t>(world_size);
     store_options.waitWorkers = true;
     store_options.timeout = options.timeout();
@@ -275,6 +277,13 @@ ProcessGroup init_process_group(const std::string& master_addr, int master_port,
   return ProcessGroup(std::move(impl));
 }
 
+}  // namespace
+
+ProcessGroup init_process_group(const std::string& master_addr, int master_port, int64_t rank, int64_t world_size,
+                                ProcessGroupOptions options) {
+  return join_group(master_addr, master_port, rank, world_size, /*host_store=*/true, options);
+}
+
 ProcessGroup init_process_group_from_env(ProcessGroupOptions options) {
   const char* addr = std::getenv("MASTER_ADDR");
   if (addr == nullptr || *addr == '\0') {
@@ -286,7 +295,10 @@ ProcessGroup init_process_group_from_env(ProcessGroupOptions options) {
   if (port > std::numeric_limits<uint16_t>::max()) {
     throw InvalidArgument(fmt::format("init_process_group_from_env: MASTER_PORT={} is not a TCP port", port));
   }
-  return init_process_group(addr, static_cast<int>(port), env_int("RANK"), env_int("WORLD_SIZE"), options);
+  // torchrun's agent may host the store itself and say so; rank 0 then joins it.
+  const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  const bool host_store = agent_store == nullptr || std::string(agent_store) != "True";
+  return join_group(addr, static_cast<int>(port), env_int("RANK"), env_int("WORLD_SIZE"), host_store, options);
 }
 
 }  // namespace stowage::dcp

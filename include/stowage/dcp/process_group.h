@@ -70,7 +70,8 @@ class ProcessGroup {
 
 // Joins the group the environment describes, as torchrun and `stowage launch` set it:
 // RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; GLOO_SOCKET_IFNAME, if set, picks the
-// network interface as in PyTorch. Rank 0 hosts the TCPStore. Throws InvalidArgument naming a
+// network interface as in PyTorch. Rank 0 hosts the TCPStore, unless torchrun's agent
+// does (TORCHELASTIC_USE_AGENT_STORE=True). Throws InvalidArgument naming a
 // missing or malformed variable, and Error if the rendezvous fails within the timeout.
 ProcessGroup init_process_group_from_env(ProcessGroupOptions options = {});
 

@@ -1,0 +1,105 @@
+// Process groups in one process: the environment contract, byte collectives, and the
+// distributed save/load steps with a group of one (errors travel as CheckpointError).
+
+#include "dcp/test_util.h"
+
+#include <stowage/error.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+namespace stowage::dcp {
+namespace {
+
+using testing::ScratchDir;
+
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(addr);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+ProcessGroup group_of_one() {
+  return init_process_group("127.0.0.1", free_port(), 0, 1, ProcessGroupOptions().timeout(std::chrono::seconds(20)));
+}
+
+TEST(DcpProcessGroup, TheEnvironmentIsCheckedNamingTheVariable) {
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", "29500", 1);
+  setenv("WORLD_SIZE", "1", 1);
+  unsetenv("RANK");
+  try {
+    init_process_group_from_env();
+    ADD_FAILURE() << "joined without RANK";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("RANK"), std::string::npos) << e.what();
+  }
+  setenv("RANK", "two", 1);
+  EXPECT_THROW(init_process_group_from_env(), InvalidArgument);
+  setenv("RANK", "1", 1);  // not within a world of 1
+  EXPECT_THROW(init_process_group_from_env(), InvalidArgument);
+  EXPECT_THROW(init_process_group("127.0.0.1", 29500, 0, 1, ProcessGroupOptions().timeout(std::chrono::milliseconds(0))),
+               InvalidArgument);
+  for (const char* name : {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"}) unsetenv(name);
+}
+
+TEST(DcpProcessGroup, ByteCollectivesOfAGroupOfOne) {
+  const ProcessGroup group = group_of_one();
+  EXPECT_EQ(group.rank(), 0);
+  EXPECT_EQ(group.size(), 1);
+  const std::string bytes("a\0b", 3);
+  EXPECT_EQ(group.all_gather(bytes), std::vector<std::string>{bytes});
+  EXPECT_EQ(group.gather(bytes, 0), std::vector<std::string>{bytes});
+  EXPECT_EQ(group.scatter({bytes}, 0), bytes);
+  EXPECT_EQ(group.broadcast("", 0), "");
+  group.barrier();
+  const ProcessGroup async_group = group.async_save_group();
+  EXPECT_EQ(async_group.all_gather("x"), std::vector<std::string>{"x"});
+}
+
+TEST(DcpProcessGroup, ErrorsOfAGroupSaveOrLoadAreCheckpointErrorsAndChangeNothing) {
+  const ScratchDir dir;
+  const ProcessGroup group = group_of_one();
+  StateDict state;
+  state.insert("w", torch::ones({4}));
+  save(state, dir.path(), group);
+
+  StateDict bad;
+  bad.insert("w", torch::Tensor());
+  try {
+    save(bad, dir.path(), group);
+    ADD_FAILURE() << "saved an undefined tensor";
+  } catch (const CheckpointError& e) {
+    EXPECT_EQ(e.step(), "plan");
+    ASSERT_EQ(e.failures().count(0), 1u);
+    EXPECT_NE(e.failures().at(0).find("'w'"), std::string::npos) << e.what();
+  }
+  StateDict target;
+  target.insert("w", torch::zeros({5}));
+  EXPECT_THROW(load(target, dir.path(), {}, group), CheckpointError);
+  EXPECT_TRUE(torch::equal(target.at("w").toTensor(), torch::zeros({5})));
+  target.insert_or_assign("w", torch::zeros({4}));
+  load(target, dir.path(), {}, group);  // the first save is still the checkpoint
+  EXPECT_TRUE(torch::equal(target.at("w").toTensor(), torch::ones({4})));
+
+  // async_save on a group: the error reaches the futures, not the caller.
+  FileSystemWriter writer(dir.path());
+  const AsyncSaveResponse response = async_save(bad, writer, nullptr, {}, group);
+  EXPECT_THROW(response.upload_completion.get(), CheckpointError);
+  const AsyncSaveResponse good = async_save(state, writer, nullptr, {}, group);
+  EXPECT_EQ(good.upload_completion.get().world_size, 1);
+}
+
+}  // namespace
+}  // namespace stowage::dcp
