@@ -23,7 +23,7 @@ cmake --build "$build" --parallel "${STOWAGE_JOBS:-2}" --target metadata_fuzzer 
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:suppressions=$root/scripts/sanitizers/lsan.supp}
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 export LSAN_OPTIONS=suppressions=$root/scripts/sanitizers/lsan.supp
 status=0
 for target in metadata reader; do

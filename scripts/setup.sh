@@ -8,6 +8,7 @@ packages=(
   libtorch-dev libgloo-dev libopenblas0-pthread
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libxxhash-dev
+  clang-14 libclang-rt-14-dev  # the fuzzers (scripts/fuzz.sh): libFuzzer, ASan, UBSan
 )
 
 missing=()

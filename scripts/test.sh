@@ -8,6 +8,6 @@ build=${STOWAGE_BUILD_DIR:-$root/build}
 bash "$root/scripts/build.sh"
 (cd "$build" && ctest --output-on-failure --parallel "${STOWAGE_JOBS:-2}" "$@")
 if [ $# -eq 0 ] && [ "${STOWAGE_TEST_EXTRA:-1}" != 0 ]; then
-  STOWAGE_SANITIZE_MODULES="dcp;state;memory" bash "$root/scripts/sanitize.sh" dcp reliability state
+  STOWAGE_SANITIZE_MODULES="dcp;state;memory" bash "$root/scripts/sanitize.sh" dcp reliability
   bash "$root/scripts/fuzz.sh" 30
 fi

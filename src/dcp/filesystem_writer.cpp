@@ -174,8 +174,9 @@ SavePlan FileSystemWriter::prepare_local_plan(SavePlan plan) {
     throw InvalidArgument(fmt::format(
         "FileSystemWriter: '{}' already holds a checkpoint and the option overwrite is off", path_));
   }
-  lock_.reset();
   coordinator_ = false;
+  // A lock still held from an earlier save is released only after the new one is
+  // taken (it also keeps this save from cleaning, harmlessly).
   auto lock = std::make_unique<DirectoryLock>(path_);
   if (lock->try_exclusive()) remove_orphans(path_);
   lock->shared();

@@ -22,7 +22,8 @@ bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
   if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
   const at::Tensor x = a.resolve_conj().resolve_neg().cpu().contiguous();
   const at::Tensor y = b.resolve_conj().resolve_neg().cpu().contiguous();
-  return std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
+  // memcmp of an empty tensor would pass null pointers (undefined behaviour, UBSan).
+  return x.nbytes() == 0 || std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
 }
 
 StateDict of(std::initializer_list<std::pair<std::string, c10::IValue>> items) {

@@ -230,10 +230,13 @@ class Series {
       // The directory of the next generation holds at most a partial save, never a checkpoint.
       EXPECT_FALSE(std::filesystem::exists(dcp::testing::metadata_path(dir_of(last_committed_ + 1))));
     }
-    const std::set<std::string> left = unreferenced_files(dir_of(config_.overwrite ? 0 : last_committed_ + 1));
-    if (!left.empty()) ++figures.kills_leaving_orphans;
-    figures.orphan_files_left += static_cast<int64_t>(left.size());
-    orphans_.insert(left.begin(), left.end());
+    // New orphans only: those of an earlier kill stay until a save commits.
+    int64_t new_orphans = 0;
+    for (const std::string& file : unreferenced_files(dir_of(config_.overwrite ? 0 : last_committed_ + 1))) {
+      new_orphans += orphans_.insert(file).second ? 1 : 0;
+    }
+    if (new_orphans > 0) ++figures.kills_leaving_orphans;
+    figures.orphan_files_left += new_orphans;
   }
 
   // One more save in this process: it must remove every orphan still pending.

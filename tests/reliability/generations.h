@@ -53,7 +53,7 @@ inline std::string compare_to_generation(const StateDict& state, int64_t generat
     const at::Tensor want = item.value().toTensor();
     const at::Tensor got = model.at(item.key()).toTensor().contiguous();
     if (got.scalar_type() != want.scalar_type() || got.sizes() != want.sizes() ||
-        std::memcmp(got.data_ptr(), want.data_ptr(), want.nbytes()) != 0) {
+        (want.nbytes() > 0 && std::memcmp(got.data_ptr(), want.data_ptr(), want.nbytes()) != 0)) {
       return "tensor '" + item.key() + "' differs";
     }
   }
