@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
   if (argc > 2) options.dir = argv[2];
   try {
     const auto result = stowage::bench::run_dcp_bench(options);
-    std::fputs(stowage::bench::format_report(result).c_str(), stdout);
+    std::fputs(stowage::bench::to_text(result).c_str(), stdout);
     std::puts(stowage::bench::to_json(result).dump().c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_dcp: %s\n", e.what());

@@ -215,7 +215,7 @@ nlohmann::json to_json(const DcpBenchResult& r) {
                         {"async_block_default_stager_s", r.async_block_default_stager_s}};
 }
 
-std::string format_report(const DcpBenchResult& r) {
+std::string to_text(const DcpBenchResult& r) {
   const auto target = [](const char* name, double value, double limit, const char* relation) {
     const bool met = std::string(relation) == ">=" ? value >= limit : value <= limit;
     return fmt::format("  {:<44} {:8.3f} {} {:8.3f}  {}\n", name, value, relation, limit, met ? "met" : "NOT met");

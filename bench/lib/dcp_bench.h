@@ -47,6 +47,6 @@ double run_dcp_rank_save_bench(const DcpBenchOptions& options, const std::string
 
 nlohmann::json to_json(const DcpBenchResult& result);
 // Human-readable lines, with each target and whether it is met.
-std::string format_report(const DcpBenchResult& result);
+std::string to_text(const DcpBenchResult& result);
 
 }  // namespace stowage::bench

@@ -470,6 +470,8 @@ Metadata decode_metadata(const std::string& text, const std::string& origin) {
     d.fail("entries", e.what());
   }
   // Last, so that a malformed document gets the error that says what is wrong with it.
+  // Version 1 predates the field: there it is checked only when present.
+  if (metadata.version == 1 && !document.contains(kChecksumField)) return metadata;
   const std::string stored = d.string(document, kChecksumField, "header");
   document.erase(kChecksumField);
   const std::string computed = hex64(document_checksum(document));

@@ -113,10 +113,11 @@ TEST(DcpShard, VersionOneCheckpointsStillLoadWholeOrInPart) {
   StateDict whole;
   whole.insert("w", global_tensor());
   save(whole, dir.path());
-  // Rewrite the metadata as version 1 wrote it: no block checksums.
+  // Rewrite the metadata as version 1 wrote it: no block checksums, no metadata checksum.
   nlohmann::json metadata = nlohmann::json::parse(testing::read_file(testing::metadata_path(dir.path())));
   metadata["version"] = 1;
   metadata.erase("checksum_block_bytes");
+  metadata.erase("metadata_xxh3");
   for (auto& entry : metadata["entries"]) {
     for (auto& chunk : entry["chunks"]) chunk.erase("block_xxh3");
   }

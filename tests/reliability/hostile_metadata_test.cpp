@@ -65,7 +65,7 @@ TEST(HostileMetadata, IsRejectedBeforeAnyAllocationOrRead) {
          first_chunk(m).box = {{0}, {kHuge}};
          first_chunk(m).location.length = kHuge * 4;
        },
-       "truncated"},
+       "'opt.w'"},  // rejected for its missing block checksums, before its size is trusted
       {"negative size", [](dcp::Metadata& m) { first_chunk(m).box.sizes = {-256}; }, "opt.w"},
       {"negative offset", [](dcp::Metadata& m) { first_chunk(m).location.offset = -64; }, "must not be negative"},
       {"offset past the end", [](dcp::Metadata& m) { first_chunk(m).location.offset = int64_t(1) << 50; },

@@ -77,7 +77,7 @@ void add_bench_dcp(CLI::App& bench) {
     if (*json) {
       std::cout << out.dump() << "\n";
     } else {
-      std::cout << bench::format_report(result);
+      std::cout << bench::to_text(result);
       if (*nproc > 0) {
         std::cout << fmt::format("  {} ranks (processes, c10d Gloo): aggregate save {:.2f} GB/s\n", *nproc,
                                  out["aggregate_save_gbps"].get<double>());
