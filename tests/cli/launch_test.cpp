@@ -51,15 +51,9 @@ TEST(Cli, VersionAndHelpListTheSubcommands) {
   EXPECT_NE(version.output.find("stowage 0."), std::string::npos) << version.output;
   const auto help = run_command(stowage_binary() + " --help");
   EXPECT_EQ(help.status, 0);
-  for (const char* name : {"demo", "launch", "bench"}) {
+  for (const char* name : {"train", "ckpt", "bench", "launch"}) {
     EXPECT_NE(help.output.find(name), std::string::npos) << name;
   }
-}
-
-TEST(Cli, DemoResumesBitIdentically) {
-  const auto result = run_command(stowage_binary() + " demo --steps 5");
-  EXPECT_EQ(result.status, 0) << result.output;
-  EXPECT_NE(result.output.find("bit-identical"), std::string::npos) << result.output;
 }
 
 }  // namespace

@@ -10,7 +10,6 @@
 
 namespace stowage::cli {
 
-void add_demo_command(CLI::App& app);
 void add_launch_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_ckpt_command(CLI::App& app);

@@ -11,7 +11,6 @@ int main(int argc, char** argv) {
   CLI::App app{"stowage: train models larger than device memory, checkpoint without stalling"};
   app.set_version_flag("--version", std::string("stowage ") + STOWAGE_VERSION);
   app.require_subcommand(1);
-  stowage::cli::add_demo_command(app);
   stowage::cli::add_launch_command(app);
   stowage::cli::add_train_command(app);
   stowage::cli::add_ckpt_command(app);
