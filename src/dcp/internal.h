@@ -21,6 +21,9 @@ int64_t checked_volume(const std::vector<int64_t>& sizes, const std::string& wha
 // naming `what` otherwise.
 void check_tiling(const std::vector<int64_t>& shape, const std::vector<ChunkBox>& chunks, const std::string& what);
 
+// An ObjectPath as the metadata stores it: keys as strings, list indices as numbers.
+nlohmann::json encode_path(const ObjectPath& path);
+
 // A non-tensor leaf as the metadata stores it (docs/FORMAT.md), and back; decoding
 // throws Error naming `origin` and `where` for malformed input.
 nlohmann::json encode_value(const c10::IValue& value, const std::string& fqn);

@@ -45,18 +45,6 @@ std::string hex64(uint64_t value) {
   return fmt::format("{:016x}", value);
 }
 
-json encode_path(const ObjectPath& path) {
-  json out = json::array();
-  for (const PathElement& element : path) {
-    if (const auto* key = std::get_if<std::string>(&element)) {
-      out.push_back(*key);
-    } else {
-      out.push_back(std::get<int64_t>(element));
-    }
-  }
-  return out;
-}
-
 json encode_scalar(const c10::IValue& value, const std::string& fqn) {
   if (value.isNone()) return json{{"t", "none"}};
   if (value.isBool()) return json{{"t", "bool"}, {"v", value.toBool()}};
@@ -220,6 +208,18 @@ struct Decoder {
 
 namespace detail {
 
+nlohmann::json encode_path(const ObjectPath& path) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const PathElement& element : path) {
+    if (const auto* key = std::get_if<std::string>(&element)) {
+      out.push_back(*key);
+    } else {
+      out.push_back(std::get<int64_t>(element));
+    }
+  }
+  return out;
+}
+
 nlohmann::json encode_value(const c10::IValue& value, const std::string& fqn) {
   return ::stowage::dcp::encode_value(value, fqn);
 }
@@ -317,7 +317,7 @@ std::vector<std::string> Metadata::files() const {
 std::string encode_metadata(const Metadata& metadata) {
   json entries = json::array();
   for (const EntryMetadata& entry : metadata.entries) {
-    json e{{"fqn", entry.fqn}, {"path", encode_path(entry.path)}};
+    json e{{"fqn", entry.fqn}, {"path", detail::encode_path(entry.path)}};
     if (entry.kind == EntryKind::kTensor) {
       e["kind"] = "tensor";
       e["dtype"] = dtype_name(entry.dtype);

@@ -12,18 +12,6 @@ using nlohmann::json;
 
 constexpr const char* kOrigin = "from another rank";
 
-json encode_path(const ObjectPath& path) {
-  json out = json::array();
-  for (const PathElement& element : path) {
-    if (const auto* key = std::get_if<std::string>(&element)) {
-      out.push_back(*key);
-    } else {
-      out.push_back(std::get<int64_t>(element));
-    }
-  }
-  return out;
-}
-
 ObjectPath decode_path(const json& in) {
   ObjectPath path;
   for (const json& element : in) {
