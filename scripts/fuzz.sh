@@ -10,12 +10,7 @@ build=${STOWAGE_FUZZ_BUILD_DIR:-$root/build-fuzz}
 seconds=${1:-45}
 
 bash "$root/scripts/setup.sh"
-launcher=()
-if command -v ccache >/dev/null; then
-  export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
-  export CCACHE_BASEDIR="$root"
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-fi
+source "$root/scripts/ccache.sh"
 CXX=clang++-14 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" \
   -DSTOWAGE_FUZZ=ON -DSTOWAGE_BUILD_TESTS=OFF -DSTOWAGE_BUILD_BENCH=OFF -DSTOWAGE_BUILD_TOOLS=OFF \
   -DSTOWAGE_BUILD_EXAMPLES=OFF >/dev/null

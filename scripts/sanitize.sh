@@ -14,12 +14,7 @@ suites=("$@")
 if [ ${#suites[@]} -eq 0 ]; then suites=(dcp state memory optim reliability); fi
 
 bash "$root/scripts/setup.sh"
-launcher=()
-if command -v ccache >/dev/null; then
-  export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
-  export CCACHE_BASEDIR="$root"
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-fi
+source "$root/scripts/ccache.sh"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" \
   -DSTOWAGE_SANITIZE="$sanitizers" -DSTOWAGE_MODULES="${STOWAGE_SANITIZE_MODULES:-}" -DSTOWAGE_BUILD_BENCH=OFF -DSTOWAGE_BUILD_TOOLS=OFF \
   -DSTOWAGE_BUILD_EXAMPLES=OFF >/dev/null

@@ -1,0 +1,10 @@
+# Sourced by the build scripts: sets `launcher` to CMake's compiler-launcher arguments.
+# ccache makes rebuilds and CI runs on a warm machine fast; the sloppiness settings let it
+# cache translation units that use the precompiled header, and the base directory lets
+# clones in other folders share the cache.
+launcher=()
+if command -v ccache >/dev/null; then
+  export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
+  export CCACHE_BASEDIR="$root"
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+fi
