@@ -1,6 +1,7 @@
 // Distributed save and load with real processes: tests/dcp/dist_worker.cpp is one rank,
 // started N times by `stowage launch` (or, where launch's stop-everyone-on-failure rule
 // would hide what is tested, by the test itself), talking over c10d Gloo.
+#include "cli/cli_util.h"
 #include "dcp/test_util.h"
 
 #include <stowage/dcp/dcp.h>
@@ -27,26 +28,10 @@ using testing::ScratchDir;
 const std::string kWorker = std::string(STOWAGE_BINARY_DIR) + "/tests/dcp_dist_worker";
 const std::string kStowage = std::string(STOWAGE_BINARY_DIR) + "/stowage";
 
-struct Run {
-  int status = -1;
-  std::string output;
-};
-
-Run run_shell(const std::string& command) {
-  Run run;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return run;
-  char buffer[4096];
-  size_t n = 0;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) run.output.append(buffer, n);
-  const int status = pclose(pipe);
-  run.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return run;
-}
-
 // `stowage launch --nproc N -- dist_worker <commands>`; every rank must succeed.
 void launch(int nproc, const std::string& commands) {
-  const Run run = run_shell(fmt::format("{} launch --nproc {} -- {} {}", kStowage, nproc, kWorker, commands));
+  const auto run = ::stowage::testing::run_command(
+      fmt::format("{} launch --nproc {} -- {} {}", kStowage, nproc, kWorker, commands));
   EXPECT_EQ(run.status, 0) << "launch --nproc " << nproc << " " << commands << "\n" << run.output;
   for (int rank = 0; rank < nproc; ++rank) {
     EXPECT_NE(run.output.find(fmt::format("rank {} of {}: ok", rank, nproc)), std::string::npos) << run.output;
