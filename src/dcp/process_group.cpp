@@ -83,6 +83,12 @@ std::string tensor_bytes(const at::Tensor& tensor, int64_t length) {
   return std::string(static_cast<const char*>(tensor.data_ptr()), static_cast<size_t>(length));
 }
 
+void check_collective_tensor(const at::Tensor& tensor, const char* what) {
+  if (!tensor.defined() || tensor.is_sparse() || !tensor.is_contiguous()) {
+    throw InvalidArgument(fmt::format("ProcessGroup::{}: the tensor must be defined, dense and contiguous", what));
+  }
+}
+
 int64_t env_int(const char* name) {
   const char* value = std::getenv(name);
   if (value == nullptr || *value == '\0') {
@@ -238,6 +244,26 @@ void ProcessGroup::barrier() const {
   c10d::BarrierOptions options;
   options.timeout = g.timeout;
   run(g, "barrier", [&] { return g.backend->barrier(options); });
+}
+
+void ProcessGroup::all_reduce_sum(at::Tensor& tensor) const {
+  const Impl& g = *impl_;
+  check_collective_tensor(tensor, "all_reduce_sum");
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::AllreduceOptions options;
+  options.reduceOp = c10d::ReduceOp::SUM;
+  options.timeout = g.timeout;
+  run(g, "all_reduce", [&] { return g.backend->allreduce(tensors, options); });
+}
+
+void ProcessGroup::broadcast(at::Tensor& tensor, int64_t root) const {
+  const Impl& g = *impl_;
+  check_collective_tensor(tensor, "broadcast");
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::BroadcastOptions options;
+  options.rootRank = root;
+  options.timeout = g.timeout;
+  run(g, "broadcast", [&] { return g.backend->broadcast(tensors, options); });
 }
 
 namespace {

@@ -1,9 +1,6 @@
 // End-to-end runs of `stowage train` as real processes: exact resume, also after a
 // SIGKILL in the middle of an asynchronous checkpoint, and the ckpt subcommands.
-#include "cli/cli_util.h"
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
+#include "cli/train_util.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -15,64 +12,6 @@
 
 namespace stowage::testing {
 namespace {
-namespace fs = std::filesystem;
-using nlohmann::json;
-
-// A small model, so that each run takes seconds; every capability stays on.
-const std::string kSmall = " --layers 2 --width 64 --heads 2 --batch 8 --seq-len 32 --threads 1 --log-every 1000";
-
-struct RunDir {
-  RunDir() : path(fs::temp_directory_path() / ("stowage-train-" + std::to_string(getpid()) + "-" + std::to_string(++n))) {
-    fs::remove_all(path);
-  }
-  ~RunDir() { fs::remove_all(path); }
-  std::string str() const { return path.string(); }
-  fs::path path;
-  static inline int n = 0;
-};
-
-CommandResult train(const RunDir& dir, const std::string& args) {
-  return run_command(stowage_binary() + " train --run-dir " + dir.str() + kSmall + " " + args);
-}
-
-json run_json(const std::string& args) {
-  const auto result = run_command(stowage_binary() + " " + args);
-  EXPECT_EQ(result.status, 0) << args << "\n" << result.output;
-  return json::parse(result.output);
-}
-
-// Every entry of the checkpoint: tensors by their chunks' checksums, values by value.
-std::map<std::string, std::string> fingerprint(const std::string& checkpoint) {
-  std::map<std::string, std::string> out;
-  const json inspected = run_json("ckpt inspect --json " + checkpoint);
-  for (const auto& entry : inspected["entries"]) {
-    json content = entry.contains("chunks") ? json::array() : entry["value"];
-    if (entry.contains("chunks")) {
-      for (const auto& chunk : entry["chunks"]) {  // the box and the bytes' checksum, not where they lie
-        content.push_back({chunk["offsets"], chunk["sizes"], chunk["length"], chunk["checksum"]});
-      }
-    }
-    out[entry["key"].get<std::string>()] = content.dump();
-  }
-  return out;
-}
-
-std::string step_dir(const RunDir& dir, int step) {
-  char name[32];
-  std::snprintf(name, sizeof(name), "step-%08d", step);
-  return (dir.path / "checkpoints" / name).string();
-}
-
-void expect_same_checkpoint(const std::string& a, const std::string& b) {
-  const auto fa = fingerprint(a);
-  const auto fb = fingerprint(b);
-  ASSERT_EQ(fa.size(), fb.size());
-  ASSERT_GT(fa.size(), 20u);
-  for (const auto& [key, value] : fa) {
-    ASSERT_TRUE(fb.count(key)) << key;
-    EXPECT_EQ(value, fb.at(key)) << key;
-  }
-}
 
 TEST(Train, ResumedRunEndsBitIdenticalToAnUninterruptedOne) {
   RunDir straight, resumed;

@@ -2,11 +2,14 @@
 // corpus with the three capabilities of stowage, each on by default and switchable:
 // activation checkpointing of the transformer blocks, optimizer-state swap of AdamW,
 // and asynchronous checkpoints every K steps from which --resume continues exactly.
+// With --nproc N (or under torchrun) it trains data-parallel on N ranks with the
+// optimizer state sharded over them (train_sharding.h).
 #include "commands.h"
 #include "train_checkpoints.h"
 #include "train_data.h"
 #include "train_model.h"
 #include "train_progress.h"
+#include "train_sharding.h"
 
 #include <stowage/stowage.h>
 
@@ -17,7 +20,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -44,7 +49,47 @@ struct TrainOptions {
   int64_t keep = 3;
   bool resume = false;
   int64_t log_every = 25;
+  int nproc = 1;
 };
+
+// The ranks of a data-parallel run: WORLD_SIZE and RANK as torchrun and `stowage launch`
+// set them; one rank when unset.
+struct World {
+  std::optional<dcp::ProcessGroup> group;
+  int64_t rank = 0;
+  int64_t size = 1;
+};
+
+World join_world(const TrainOptions& options) {
+  World world;
+  const char* size = std::getenv("WORLD_SIZE");
+  if (size == nullptr || std::string(size) == "1") {
+    if (options.nproc > 1) throw InvalidArgument("--nproc: WORLD_SIZE is not set (ranks are started by train itself)");
+    return world;
+  }
+  world.group = dcp::init_process_group_from_env();
+  world.rank = world.group->rank();
+  world.size = world.group->size();
+  if (options.nproc > 1 && options.nproc != world.size) {
+    throw InvalidArgument(fmt::format("--nproc {} but WORLD_SIZE is {}", options.nproc, world.size));
+  }
+  if (options.batch % world.size != 0) {
+    throw InvalidArgument(
+        fmt::format("--batch {} (the global batch) does not split evenly over {} ranks", options.batch, world.size));
+  }
+  return world;
+}
+
+// This process's command line, with the absolute path of its executable, to start the
+// ranks of --nproc with.
+std::vector<std::string> own_command_line() {
+  std::ifstream file("/proc/self/cmdline", std::ios::binary);
+  std::vector<std::string> args;
+  for (std::string arg; std::getline(file, arg, '\0');) args.push_back(arg);
+  if (args.empty()) throw Error("train --nproc: cannot read /proc/self/cmdline");
+  args[0] = fs::read_symlink("/proc/self/exe").string();
+  return args;
+}
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -75,7 +120,7 @@ struct PendingCheckpoint {
 
 class Trainer {
  public:
-  explicit Trainer(TrainOptions options) : options_(std::move(options)) {}
+  explicit Trainer(TrainOptions options) : options_(std::move(options)), world_(join_world(options_)) {}
 
   void run() {
     torch::set_num_threads(options_.threads);
@@ -83,12 +128,17 @@ class Trainer {
     fs::create_directories(checkpoints_dir(options_.run_dir));
     const Corpus corpus = Corpus::load(options_.corpus, options_.seq_len + 2);
     build();
-    Progress progress((fs::path(options_.run_dir) / "metrics.jsonl").string(), isatty(STDOUT_FILENO) != 0,
-                      options_.log_every);
-    progress_ = &progress;
-    progress.message(describe(corpus));
-    // One training process per run directory: nothing uncommitted can be ours in flight.
-    remove_uncommitted_checkpoints(options_.run_dir);
+    // Rank 0 reports for the run; the other ranks only train.
+    std::optional<Progress> progress;
+    if (world_.rank == 0) {
+      progress.emplace((fs::path(options_.run_dir) / "metrics.jsonl").string(), isatty(STDOUT_FILENO) != 0,
+                       options_.log_every);
+      progress_ = &*progress;
+      progress_->message(describe(corpus));
+      // One training run per run directory: nothing uncommitted can be ours in flight.
+      remove_uncommitted_checkpoints(options_.run_dir);
+    }
+    if (world_.group) world_.group->barrier();
     if (options_.resume) resume();
 
     double first_loss = -1, last_loss = 0;
@@ -102,13 +152,14 @@ class Trainer {
       }
     }
     finish_checkpoint(/*wait=*/true);
+    if (!progress_) return;
     if (first_step <= options_.steps) {
-      progress.message(fmt::format("done: steps {}-{} in {:.1f} s, loss {:.3f} -> {:.3f}, peak activations {}, "
+      progress_->message(fmt::format("done: steps {}-{} in {:.1f} s, loss {:.3f} -> {:.3f}, peak activations {}, "
                                    "optimizer state resident between steps {}",
                                    first_step, options_.steps, seconds_since(run_start), first_loss, last_loss,
                                    format_bytes(peak_activation_bytes_), format_bytes(resident_bytes_)));
     } else {
-      progress.message(fmt::format("nothing to do: the run is already at step {}", step_));
+      progress_->message(fmt::format("nothing to do: the run is already at step {}", step_));
     }
     progress_ = nullptr;
   }
@@ -128,10 +179,24 @@ class Trainer {
                                         options_.recompute_segments, options_.layers));
     }
     baseline_bytes_ = memory::memory_allocated();
-    adamw_ = std::make_shared<torch::optim::AdamW>(model_->parameters(), torch::optim::AdamWOptions(options_.lr));
+    // Each rank's optimizer steps its own range of the parameters: all of them on one rank.
+    const std::vector<torch::Tensor> params = model_->parameters();
+    const std::vector<ParamRange> ranges = shard_parameters(params, world_.size);
+    owned_ = ranges[world_.rank];
+    adamw_ = std::make_shared<torch::optim::AdamW>(
+        std::vector<torch::Tensor>(params.begin() + owned_.begin, params.begin() + owned_.end),
+        torch::optim::AdamWOptions(options_.lr));
+    c10::intrusive_ptr<Stateful> local_state;
     if (options_.swap_times > 0) {
       swap_ = optim::swap_optimizer(adamw_, optim::SwapOptimizerConfig().swap_times(options_.swap_times));
+      local_state = swap_;
+    } else {
+      local_state = c10::make_intrusive<OptimizerState>(adamw_);
     }
+    optimizer_state_ =
+        c10::make_intrusive<ShardedOptimizerState>(local_state, owned_, static_cast<int64_t>(params.size()));
+    if (world_.group) parallel_.emplace(*world_.group, params, ranges);
+    // One data stream for the run: every rank draws the global batch and takes its slice.
     data_generator_ = at::make_generator<at::CPUGeneratorImpl>(options_.seed + 1);
   }
 
@@ -140,19 +205,28 @@ class Trainer {
     for (const auto& p : model_->parameters()) parameters += p.numel();
     return fmt::format(
         "training a {}-layer byte-level transformer ({:.2f}M parameters) on '{}' ({} bytes); activation "
-        "checkpointing: {}; optimizer: {}; checkpoints: {}",
+        "checkpointing: {}; optimizer: {}; checkpoints: {}{}",
         options_.layers, parameters / 1e6, corpus.source(), corpus.size(),
         options_.recompute_segments > 0 ? fmt::format("{} segments", options_.recompute_segments) : "off",
         swap_ ? fmt::format("AdamW with state swap ({} batches)", options_.swap_times) : "plain AdamW",
         options_.ckpt_every > 0 ? fmt::format("every {} steps into {}, keeping {}", options_.ckpt_every,
                                               checkpoints_dir(options_.run_dir), options_.keep)
-                                : "off");
+                                : "off",
+        world_.size > 1 ? fmt::format("; data-parallel over {} ranks, optimizer state sharded (rank 0 owns "
+                                      "parameters {}-{} of {})",
+                                      world_.size, owned_.begin, owned_.end - 1, model_->parameters().size())
+                        : "");
   }
 
   double train_step(const Corpus& corpus, int64_t step) {
     const auto start = Clock::now();
     auto [inputs, targets] = corpus.sample(options_.batch, options_.seq_len, data_generator_);
-    zero_grad();
+    if (world_.size > 1) {
+      const int64_t slice = options_.batch / world_.size;
+      inputs = inputs.narrow(0, world_.rank * slice, slice);
+      targets = targets.narrow(0, world_.rank * slice, slice);
+    }
+    model_->zero_grad();
     memory::reset_peak_memory_stats();
     const int64_t before = memory::memory_allocated();
     double loss_value = 0;
@@ -165,6 +239,10 @@ class Trainer {
       loss.backward();
       loss_value = loss.item<double>();
     }
+    if (parallel_) {
+      parallel_->average_gradients();
+      loss_value = parallel_->average(loss_value);
+    }
     const int64_t activation_peak = memory::max_memory_allocated() - before;
     // The snapshot of the last checkpoint must be complete before the step changes
     // what it copies; staging overlapped with this step's forward and backward.
@@ -174,11 +252,13 @@ class Trainer {
     } else {
       adamw_->step();
     }
+    if (parallel_) parallel_->share_parameters();
     step_ = step;
     const double step_s = seconds_since(start);
     resident_bytes_ = memory::memory_allocated() - baseline_bytes_ - tensor_bytes(grads());
     peak_activation_bytes_ = std::max(peak_activation_bytes_, activation_peak);
     report_finished_checkpoint();
+    if (!progress_) return loss_value;
 
     StepReport report;
     report.step = step;
@@ -193,14 +273,6 @@ class Trainer {
     return loss_value;
   }
 
-  void zero_grad() {
-    if (swap_) {
-      swap_->zero_grad();
-    } else {
-      adamw_->zero_grad();
-    }
-  }
-
   std::vector<torch::Tensor> grads() const {
     std::vector<torch::Tensor> out;
     for (const auto& p : model_->parameters()) out.push_back(p.grad());
@@ -209,7 +281,8 @@ class Trainer {
 
   // Everything a resumed run needs: model, optimizer (swapped state included), the
   // RNG states and the data position. Model and optimizer are Stateful values, turned
-  // into state dicts by dcp on this thread.
+  // into state dicts by dcp on this thread. Across ranks, the optimizer states are each
+  // rank's own and everything else is replicated (written once).
   StateDict live_state() {
     StateDict progress;
     progress.insert("step", step_);
@@ -217,11 +290,7 @@ class Trainer {
     progress.insert("torch_rng", at::detail::getDefaultCPUGenerator().get_state());
     StateDict state;
     state.insert("model", as_ivalue(model_.ptr()));
-    if (swap_) {
-      state.insert("optim", as_ivalue(c10::intrusive_ptr<Stateful>(swap_)));
-    } else {
-      state.insert("optim", as_ivalue(std::static_pointer_cast<torch::optim::Optimizer>(adamw_)));
-    }
+    state.insert("optim", as_ivalue(c10::intrusive_ptr<Stateful>(optimizer_state_)));
     state.insert("progress", progress);
     return state;
   }
@@ -233,7 +302,7 @@ class Trainer {
     pending->path = checkpoint_path(options_.run_dir, step_);
     pending->writer = std::make_unique<dcp::FileSystemWriter>(pending->path);
     pending->started = Clock::now();
-    pending->response = dcp::async_save(live_state(), *pending->writer, &stager_);
+    pending->response = dcp::async_save(live_state(), *pending->writer, &stager_, {}, world_.group);
     pending->blocked_ms = seconds_since(pending->started) * 1e3;
     pending->watcher = std::thread([upload = pending->response.upload_completion, &committed = pending->committed] {
       upload.wait();
@@ -269,6 +338,7 @@ class Trainer {
         report.bytes / std::chrono::duration<double>(pending_->committed - pending_->started).count() / 1e9;
     pending_.reset();
     staged_ = false;
+    if (!progress_) return;  // rank 0 keeps the run directory
     prune_checkpoints(options_.run_dir, options_.keep);
     progress_->checkpoint(report);
   }
@@ -276,27 +346,44 @@ class Trainer {
   void report_finished_checkpoint() { finish_checkpoint(/*wait=*/false); }
 
   void resume() {
-    const auto latest = latest_committed(options_.run_dir);
-    if (!latest) {
-      progress_->message(fmt::format("no committed checkpoint in {}: starting from step 0",
-                                     checkpoints_dir(options_.run_dir)));
+    // Rank 0 picks the checkpoint, so that every rank loads the same one.
+    std::string path;
+    if (world_.rank == 0) {
+      const auto latest = latest_committed(options_.run_dir);
+      if (latest) path = latest->path;
+    }
+    if (world_.group) path = world_.group->broadcast(path, 0);
+    if (path.empty()) {
+      if (progress_) {
+        progress_->message(fmt::format("no committed checkpoint in {}: starting from step 0",
+                                       checkpoints_dir(options_.run_dir)));
+      }
       return;
     }
+    // The optimizer loads only this rank's parameters' states, whatever the number of
+    // ranks that saved them.
+    dcp::FileSystemReader reader(path);
     StateDict state = live_state();
-    dcp::load(state, latest->path);
+    state.insert_or_assign("optim", optimizer_state_->load_request(reader.read_metadata(), "optim"));
+    dcp::load(state, reader, {}, world_.group);
+    optimizer_state_->load_state_dict(state.at("optim").toGenericDict());
     const StateDict progress = state.at("progress").toGenericDict();
     step_ = progress.at("step").toInt();
     data_generator_.set_state(progress.at("data_rng").toTensor());
     at::Generator torch_generator = at::detail::getDefaultCPUGenerator();  // a handle: set_state is non-const
     torch_generator.set_state(progress.at("torch_rng").toTensor());
-    progress_->message(fmt::format("resumed from {} at step {}", latest->path, step_));
+    if (progress_) progress_->message(fmt::format("resumed from {} at step {}", path, step_));
   }
 
   TrainOptions options_;
+  World world_;
   LanguageModel model_{nullptr};
   int64_t vocab_ = 0;
   std::shared_ptr<torch::optim::AdamW> adamw_;
   c10::intrusive_ptr<optim::SwapOptimizer> swap_;
+  ParamRange owned_;
+  c10::intrusive_ptr<ShardedOptimizerState> optimizer_state_;
+  std::optional<DataParallel> parallel_;
   at::Generator data_generator_;
   int64_t step_ = 0;
   int64_t baseline_bytes_ = 0;
@@ -340,7 +427,19 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--log-every", options->log_every, "steps between log lines when not on a terminal")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cmd->callback([options] { Trainer(*options).run(); });
+  cmd->add_option("--nproc", options->nproc,
+                  "data-parallel ranks on this machine, started as with `stowage launch`; --batch is split "
+                  "over them and the optimizer state sharded")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->callback([options] {
+    if (options->nproc > 1 && std::getenv("WORLD_SIZE") == nullptr) {
+      const int code = launch_ranks(options->nproc, /*port=*/0, std::chrono::seconds(5), own_command_line());
+      if (code != 0) throw CLI::RuntimeError(code);
+      return;
+    }
+    Trainer(*options).run();
+  });
 }
 
 }  // namespace stowage::cli

@@ -10,6 +10,7 @@
 // fail as soon as its connections drop, and one that stops answering makes them fail
 // after the timeout. All ranks must call the collectives in the same order.
 
+#include <ATen/core/Tensor.h>
 #include <torch/arg.h>
 
 #include <chrono>
@@ -63,6 +64,13 @@ class ProcessGroup {
   // root's bytes to every rank.
   std::string broadcast(const std::string& bytes, int64_t root) const;
   void barrier() const;
+
+  // Tensor collectives, in place, for a training loop that shares the group (data
+  // parallelism): dense contiguous tensors of any dtype Gloo reduces. Throw Error as above.
+  // Sums `tensor` over the ranks.
+  void all_reduce_sum(at::Tensor& tensor) const;
+  // root's `tensor` into every rank's, which must have its dtype and size.
+  void broadcast(at::Tensor& tensor, int64_t root) const;
 
  private:
   std::shared_ptr<Impl> impl_;
