@@ -62,9 +62,10 @@ struct World {
 
 World join_world(const TrainOptions& options) {
   World world;
+  // --nproc N > 1 without WORLD_SIZE started N ranks instead of training (add_train_command).
   const char* size = std::getenv("WORLD_SIZE");
   if (size == nullptr || std::string(size) == "1") {
-    if (options.nproc > 1) throw InvalidArgument("--nproc: WORLD_SIZE is not set (ranks are started by train itself)");
+    if (options.nproc > 1) throw InvalidArgument(fmt::format("--nproc {} but WORLD_SIZE is 1", options.nproc));
     return world;
   }
   world.group = dcp::init_process_group_from_env();
