@@ -28,6 +28,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -263,6 +264,17 @@ void die_command(const dcp::ProcessGroup& group, const std::string& dir, int64_t
     REQUIRE(seconds < group.timeout().count() / 1000.0 + 5, "took {} s", seconds);
     REQUIRE(e.failures().count(dying_rank) == 1, "the dead rank {} is not named: {}", dying_rank, e.what());
   }
+  // The group is out of step for good: its next collective fails at once, saying why.
+  const auto again = std::chrono::steady_clock::now();
+  try {
+    group.barrier();
+    REQUIRE(false, "a barrier succeeded on a group that lost rank {}", dying_rank);
+  } catch (const dcp::CollectiveError& e) {
+    REQUIRE(std::string(e.what()).find("failed in an earlier collective") != std::string::npos, "{}", e.what());
+    REQUIRE(std::count(e.unresponsive_ranks().begin(), e.unresponsive_ranks().end(), dying_rank) == 1, "{}", e.what());
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - again).count();
+  REQUIRE(seconds < group.timeout().count() / 2000.0, "the barrier took {} s", seconds);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
