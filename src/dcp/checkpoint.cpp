@@ -24,12 +24,10 @@ namespace stowage::dcp {
 class PendingSaveAccess {
  public:
   // Makes room for a new save: waits for the pending one or rejects, per `policy`.
-  static void make_room(StorageWriter& writer, PendingSave policy) {
-    if (policy == PendingSave::kReject && writer.has_pending_save()) {
-      throw Error("async_save: a save on this writer is still in flight (PendingSave::kReject)");
-    }
-    writer.wait_for_pending_save();
-  }
+  // With a group the ranks decide together, on the caller's thread before anything
+  // starts, so that no rank's background save waits for a rank that rejected: if any
+  // rank would reject, every rank does, naming those with a save in flight.
+  static void make_room(StorageWriter& writer, PendingSave policy, const std::optional<ProcessGroup>& group);
   static void set(StorageWriter& writer, std::thread thread, std::shared_future<Metadata> upload) {
     std::lock_guard<std::mutex> lock(writer.pending_mutex_);
     writer.pending_thread_ = std::move(thread);
@@ -64,6 +62,51 @@ CheckpointError::CheckpointError(std::string step, std::map<int64_t, std::string
       }()),
       step_(std::move(step)),
       failures_(std::move(failures)) {}
+
+namespace {
+
+// The failures to report for a collective that failed: the ranks that did not check in
+// afterwards, or else this rank, with the group's account of it.
+std::map<int64_t, std::string> collective_failures(const CollectiveError& error, int64_t rank) {
+  std::map<int64_t, std::string> failures;
+  for (const int64_t missing : error.unresponsive_ranks()) {
+    failures[missing] = fmt::format("dead or unresponsive: {}", error.what());
+  }
+  if (failures.empty()) failures[rank] = error.what();
+  return failures;
+}
+
+// Rethrows the exception in flight, a CollectiveError as a CheckpointError of `step`.
+[[noreturn]] void rethrow_as_checkpoint_error(const char* step, int64_t rank) {
+  try {
+    throw;
+  } catch (const CollectiveError& e) {
+    throw CheckpointError(step, collective_failures(e, rank));
+  }
+}
+
+}  // namespace
+
+void PendingSaveAccess::make_room(StorageWriter& writer, PendingSave policy, const std::optional<ProcessGroup>& group) {
+  constexpr const char* kRejected = "a save on its writer is still in flight (PendingSave::kReject)";
+  const bool reject = policy == PendingSave::kReject && writer.has_pending_save();
+  if (group) {
+    std::vector<std::string> votes;
+    try {
+      votes = group->all_gather(reject ? "reject" : "");
+    } catch (...) {
+      rethrow_as_checkpoint_error("start", group->rank());
+    }
+    std::map<int64_t, std::string> rejecting;
+    for (size_t r = 0; r < votes.size(); ++r) {
+      if (!votes[r].empty()) rejecting[static_cast<int64_t>(r)] = kRejected;
+    }
+    if (!rejecting.empty()) throw CheckpointError("start", std::move(rejecting));
+  } else if (reject) {
+    throw Error(fmt::format("async_save: {}", kRejected));
+  }
+  writer.wait_for_pending_save();
+}
 
 namespace {
 
@@ -184,6 +227,7 @@ Metadata run_distributed_save(const std::function<LocalSave()>& prepare, Storage
   // Once a rank's results are gathered the coordinator may commit its files: if the
   // verdict then never arrives, they stay (unreferenced, like a crash's, if it did not).
   bool verdict_pending = false;
+  const char* step = "plan";  // for a collective's failure
   try {
     // Plan: every rank plans; the coordinator decides and hands each rank its part.
     LocalSave local;
@@ -215,6 +259,7 @@ Metadata run_distributed_save(const std::function<LocalSave()>& prepare, Storage
       if (!failures.empty()) plan_verdicts.assign(group.size(), verdict_failed(failures));
     }
     const std::string my_plan = group.scatter(plan_verdicts, kCoordinator);
+    step = "write";
 
     // Write: every rank writes its part, unless planning failed anywhere.
     const bool plan_failed = !json::parse(my_plan).at("ok").get<bool>();
@@ -225,6 +270,7 @@ Metadata run_distributed_save(const std::function<LocalSave()>& prepare, Storage
         });
     const std::vector<std::string> gathered_results = group.gather(written, kCoordinator);
     verdict_pending = true;
+    step = "commit";
 
     // Commit: the coordinator records where every chunk went and commits.
     std::string commit_verdict;
@@ -255,7 +301,7 @@ Metadata run_distributed_save(const std::function<LocalSave()>& prepare, Storage
     return decode_metadata(text, fmt::format("from rank {}", kCoordinator));
   } catch (...) {
     if (!verdict_pending) writer.abort();
-    throw;
+    rethrow_as_checkpoint_error(step, rank);
   }
 }
 
@@ -281,14 +327,54 @@ Metadata save(const StateDict& state, StorageWriter& writer, std::optional<Proce
   return run_save([&] { return plan_local_save(unshard_state_dict(resolve_stateful(state)), rank); }, writer, group);
 }
 
+namespace {
+
+// Stands in for a writer or reader that could not be made, so that this rank still
+// runs every collective of the save or load: its first step fails with the error.
+class UnavailableWriter final : public StorageWriter {
+ public:
+  explicit UnavailableWriter(std::exception_ptr error) : error_(std::move(error)) {}
+  SavePlan prepare_local_plan(SavePlan) override { std::rethrow_exception(error_); }
+  std::vector<SavePlan> prepare_global_plan(std::vector<SavePlan>, const Metadata&) override {
+    std::rethrow_exception(error_);
+  }
+  std::vector<WriteResult> write_data(const SavePlan&, std::vector<c10::IValue>&) override {
+    std::rethrow_exception(error_);
+  }
+  void finish(const Metadata&) override { std::rethrow_exception(error_); }
+  void abort() noexcept override {}
+
+ private:
+  std::exception_ptr error_;
+};
+
+class UnavailableReader final : public StorageReader {
+ public:
+  explicit UnavailableReader(std::exception_ptr error) : error_(std::move(error)) {}
+  Metadata read_metadata() override { std::rethrow_exception(error_); }
+  void read_data(std::vector<ChunkRead>&) override { std::rethrow_exception(error_); }
+
+ private:
+  std::exception_ptr error_;
+};
+
+}  // namespace
+
 Metadata save(const StateDict& state, const std::string& checkpoint_dir, std::optional<ProcessGroup> group) {
-  FileSystemWriter writer(checkpoint_dir);
-  return save(state, writer, std::move(group));
+  std::optional<FileSystemWriter> writer;
+  try {
+    writer.emplace(checkpoint_dir);
+  } catch (...) {
+    if (!group) throw;
+    UnavailableWriter unavailable(std::current_exception());
+    return save(state, unavailable, std::move(group));
+  }
+  return save(state, *writer, std::move(group));
 }
 
 AsyncSaveResponse async_save(const StateDict& state, StorageWriter& writer, AsyncStager* stager,
                              AsyncSaveOptions options, std::optional<ProcessGroup> group) {
-  PendingSaveAccess::make_room(writer, options.if_save_pending());
+  PendingSaveAccess::make_room(writer, options.if_save_pending(), group);
   auto staging = std::make_shared<std::promise<void>>();
   auto upload = std::make_shared<std::promise<Metadata>>();
   AsyncSaveResponse response{staging->get_future().share(), upload->get_future().share()};
@@ -629,10 +715,16 @@ void load(StateDict& state, StorageReader& reader, LoadOptions options, std::opt
     return;
   }
   // Every rank reads and verifies, then all agree before any state changes.
-  const std::vector<std::string> outcomes = group->all_gather(attempt([&] {
+  const std::string outcome = attempt([&] {
     prepare();
     return metadata.save_id;
-  }));
+  });
+  std::vector<std::string> outcomes;
+  try {
+    outcomes = group->all_gather(outcome);
+  } catch (...) {
+    rethrow_as_checkpoint_error("load", group->rank());
+  }
   std::vector<std::string> save_ids;
   std::map<int64_t, std::string> failures = failures_of(outcomes, &save_ids);
   if (failures.empty()) {
@@ -648,8 +740,16 @@ void load(StateDict& state, StorageReader& reader, LoadOptions options, std::opt
 }
 
 void load(StateDict& state, const std::string& checkpoint_dir, LoadOptions options, std::optional<ProcessGroup> group) {
-  FileSystemReader reader(checkpoint_dir);
-  load(state, reader, options, std::move(group));
+  std::optional<FileSystemReader> reader;
+  try {
+    reader.emplace(checkpoint_dir);
+  } catch (...) {
+    if (!group) throw;
+    UnavailableReader unavailable(std::current_exception());
+    load(state, unavailable, options, std::move(group));
+    return;
+  }
+  load(state, *reader, options, std::move(group));
 }
 
 }  // namespace stowage::dcp

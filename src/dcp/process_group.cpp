@@ -15,10 +15,13 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <mutex>
+#include <thread>
 #include <utility>
 
 namespace stowage::dcp {
@@ -36,7 +39,15 @@ struct ProcessGroup::Impl {
   int64_t rank = 0;
   int64_t size = 1;
   std::chrono::milliseconds timeout{};
+  std::chrono::milliseconds check_in_timeout{};
   std::string name;
+  // The rank whose process hosts the TCPStore (-1: torchrun's agent does): when the
+  // store is unreachable, that rank is gone.
+  int64_t store_host = 0;
+
+  // Set once a collective failed: the group is out of step for good. Only the thread
+  // that runs the group's collectives touches it (they run one at a time).
+  std::optional<CollectiveError> failure;
 
   std::mutex mutex;  // guards the two below
   std::shared_ptr<Impl> async_save_group;
@@ -61,16 +72,119 @@ c10::intrusive_ptr<CollectiveBackend> make_gloo(const c10::intrusive_ptr<c10d::S
                                                      options);
 }
 
-// Runs one c10d collective and waits for it, within the group's timeout.
+// The group's failure record in the store, under the group's prefix: a group fails at
+// most once (afterwards every collective throws), so these keys are unique to the
+// failed save or load.
+constexpr const char* kFailureKey = "failure/cause";
+constexpr const char* kCheckedInCountKey = "failure/checked_in";
+constexpr const char* kDoneCountKey = "failure/done";  // survivors that have read the check-ins
+std::string checked_in_key(int64_t rank) {
+  return fmt::format("failure/rank_{}", rank);
+}
+
+std::vector<uint8_t> as_bytes(const std::string& text) {
+  return std::vector<uint8_t>(text.begin(), text.end());
+}
+
+// Waits for `work`, watching the store for a failure another rank posted. Returns the
+// reason to give up ("" once the work is done, successfully or not).
+template <typename WorkPtr>
+std::string wait_watching_store(const ProcessGroup::Impl& group, const WorkPtr& work) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  // Gloo fails the work itself at the timeout; this deadline only backs that up.
+  const auto deadline = start + group.timeout + std::chrono::seconds(1);
+  auto next_poll = start + kFailurePollInterval;
+  // Short collectives finish within microseconds: sleep little at first.
+  auto nap = std::chrono::microseconds(20);
+  while (!work->isCompleted()) {
+    const auto now = Clock::now();
+    if (now >= deadline) return fmt::format("no answer within the timeout of {} ms", group.timeout.count());
+    if (now >= next_poll) {
+      try {
+        if (group.store->check({kFailureKey})) {
+          const std::vector<uint8_t> cause = group.store->get(kFailureKey);
+          return fmt::format("abandoned: {}", std::string(cause.begin(), cause.end()));
+        }
+        next_poll = now + kFailurePollInterval;
+      } catch (const std::exception&) {
+        // The store's host has gone (or finished: its last collective may complete
+        // here still). Its connections tell the work, so it fails or completes alone.
+        next_poll = deadline;
+      }
+    }
+    std::this_thread::sleep_for(nap);
+    nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::milliseconds(10));
+  }
+  return {};
+}
+
+// Fails the group on every rank: posts `cause` (unless a rank did first), checks in and
+// waits for the others, and throws CollectiveError naming those that never checked in.
+[[noreturn]] void fail_group(ProcessGroup::Impl& group, const char* what, const std::string& cause) {
+  const std::string where = fmt::format("process group '{}' (rank {} of {})", group.name, group.rank, group.size);
+  std::vector<int64_t> missing;
+  std::string outcome;
+  try {
+    if (!group.store->check({kFailureKey})) {
+      group.store->set(kFailureKey, as_bytes(fmt::format("rank {}: {} failed: {}", group.rank, what, cause)));
+    }
+    group.store->set(checked_in_key(group.rank), std::vector<uint8_t>());
+    group.store->add(kCheckedInCountKey, 1);
+    const auto deadline = std::chrono::steady_clock::now() + group.check_in_timeout;
+    while (group.store->add(kCheckedInCountKey, 0) < group.size && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    for (int64_t r = 0; r < group.size; ++r) {
+      if (!group.store->check({checked_in_key(r)})) missing.push_back(r);
+    }
+    // The store's host keeps it up until every survivor has read the check-ins (its
+    // process may exit right after), those that checked in late included.
+    group.store->add(kDoneCountKey, 1);
+    if (group.rank == group.store_host) {
+      const auto done_deadline = std::chrono::steady_clock::now() + group.check_in_timeout;
+      while (group.store->add(kDoneCountKey, 0) < group.store->add(kCheckedInCountKey, 0) &&
+             std::chrono::steady_clock::now() < done_deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+    if (missing.empty()) {
+      outcome = "every rank checked in";
+    } else {
+      outcome = fmt::format("rank(s) {} did not check in within {} ms: dead or unresponsive", fmt::join(missing, ", "),
+                            group.check_in_timeout.count());
+    }
+  } catch (const std::exception& e) {
+    // The store has gone, and with it the process that hosted it.
+    if (group.store_host >= 0 && group.store_host != group.rank) missing.push_back(group.store_host);
+    outcome = group.store_host >= 0
+                  ? fmt::format("rank {}, which hosts the store, is dead or unreachable ({})", group.store_host, e.what())
+                  : fmt::format("the store is unreachable ({})", e.what());
+  }
+  group.failure.emplace(
+      fmt::format("{}: the group failed in an earlier collective ({} failed: {}; {}); make a new group", where, what,
+                  cause, outcome),
+      missing);
+  throw CollectiveError(fmt::format("{}: {} failed: {}; {}", where, what, cause, outcome), std::move(missing));
+}
+
+// Runs one c10d collective and waits for it, within the group's timeout; fails the
+// group if it fails here or on another rank.
 template <typename Start>
-void run(const ProcessGroup::Impl& group, const char* what, Start&& start) {
+void run(ProcessGroup::Impl& group, const char* what, Start&& start) {
+  if (group.failure) throw *group.failure;
+  std::string cause;
   try {
     auto work = start();
-    work->wait(group.timeout);
+    cause = wait_watching_store(group, work);
+    if (cause.empty()) {
+      work->wait();  // rethrows the work's error
+      return;
+    }
   } catch (const std::exception& e) {
-    throw Error(fmt::format("process group '{}' (rank {} of {}): {} failed, a rank has died or timed out after {} ms: {}",
-                            group.name, group.rank, group.size, what, group.timeout.count(), e.what()));
+    cause = e.what();
   }
+  fail_group(group, what, cause);
 }
 
 at::Tensor bytes_tensor(const std::string& bytes, int64_t padded) {
@@ -109,6 +223,9 @@ int64_t env_int(const char* name) {
 
 }  // namespace
 
+CollectiveError::CollectiveError(const std::string& message, std::vector<int64_t> unresponsive_ranks)
+    : Error(message), unresponsive_ranks_(std::move(unresponsive_ranks)) {}
+
 ProcessGroup::ProcessGroup(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 int64_t ProcessGroup::rank() const {
@@ -126,6 +243,8 @@ ProcessGroup ProcessGroup::new_group(const std::string& name) const {
   impl->rank = impl_->rank;
   impl->size = impl_->size;
   impl->timeout = impl_->timeout;
+  impl->check_in_timeout = impl_->check_in_timeout;
+  impl->store_host = impl_->store_host;
   impl->name = impl_->name + "/" + name;
   impl->store = c10::make_intrusive<c10d::PrefixStore>(impl->name, impl_->store);
   try {
@@ -149,7 +268,7 @@ std::shared_future<void> ProcessGroup::take_turn(std::shared_future<void> done) 
 }
 
 std::vector<std::string> ProcessGroup::all_gather(const std::string& bytes) const {
-  const Impl& g = *impl_;
+  Impl& g = *impl_;
   // Gloo moves equal-sized tensors: exchange the lengths, then the padded bytes.
   std::vector<at::Tensor> length_in{at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong)};
   std::vector<std::vector<at::Tensor>> length_out(1);
@@ -169,7 +288,7 @@ std::vector<std::string> ProcessGroup::all_gather(const std::string& bytes) cons
 }
 
 std::vector<std::string> ProcessGroup::gather(const std::string& bytes, int64_t root) const {
-  const Impl& g = *impl_;
+  Impl& g = *impl_;
   std::vector<at::Tensor> length_in{at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong)};
   std::vector<std::vector<at::Tensor>> length_out(1);
   for (int64_t r = 0; r < g.size; ++r) length_out[0].push_back(at::empty({1}, at::kLong));
@@ -199,7 +318,7 @@ std::vector<std::string> ProcessGroup::gather(const std::string& bytes, int64_t 
 }
 
 std::string ProcessGroup::scatter(const std::vector<std::string>& parts, int64_t root) const {
-  const Impl& g = *impl_;
+  Impl& g = *impl_;
   if (g.rank == root && static_cast<int64_t>(parts.size()) != g.size) {
     throw InvalidArgument(fmt::format("ProcessGroup::scatter: {} parts for {} ranks", parts.size(), g.size));
   }
@@ -227,7 +346,7 @@ std::string ProcessGroup::scatter(const std::vector<std::string>& parts, int64_t
 }
 
 std::string ProcessGroup::broadcast(const std::string& bytes, int64_t root) const {
-  const Impl& g = *impl_;
+  Impl& g = *impl_;
   std::vector<at::Tensor> length{at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong)};
   c10d::BroadcastOptions options;
   options.rootRank = root;
@@ -240,7 +359,7 @@ std::string ProcessGroup::broadcast(const std::string& bytes, int64_t root) cons
 }
 
 void ProcessGroup::barrier() const {
-  const Impl& g = *impl_;
+  Impl& g = *impl_;
   c10d::BarrierOptions options;
   options.timeout = g.timeout;
   run(g, "barrier", [&] { return g.backend->barrier(options); });
@@ -268,8 +387,10 @@ void ProcessGroup::broadcast(at::Tensor& tensor, int64_t root) const {
 
 namespace {
 
+// `attempt`: torchrun's restart count when its agent hosts the store, else empty.
 ProcessGroup join_group(const std::string& master_addr, int master_port, int64_t rank, int64_t world_size,
-                        bool host_store, const ProcessGroupOptions& options) {
+                        const std::string& attempt, const ProcessGroupOptions& options) {
+  const bool host_store = attempt.empty();
   if (world_size < 1 || rank < 0 || rank >= world_size) {
     throw InvalidArgument(fmt::format("init_process_group: rank {} is not within a world of size {}", rank,
                                       world_size));
@@ -277,14 +398,17 @@ ProcessGroup join_group(const std::string& master_addr, int master_port, int64_t
   if (master_port < 1 || master_port > std::numeric_limits<uint16_t>::max()) {
     throw InvalidArgument(fmt::format("init_process_group: MASTER_PORT {} is not a TCP port", master_port));
   }
-  if (options.timeout().count() <= 0) {
-    throw InvalidArgument(fmt::format("init_process_group: the timeout must be positive, got {} ms",
-                                      options.timeout().count()));
+  if (options.timeout().count() <= 0 || options.check_in_timeout().count() <= 0) {
+    throw InvalidArgument(fmt::format("init_process_group: the timeout and check_in_timeout must be positive, got {} "
+                                      "and {} ms",
+                                      options.timeout().count(), options.check_in_timeout().count()));
   }
   auto impl = std::make_shared<ProcessGroup::Impl>();
   impl->rank = rank;
   impl->size = world_size;
   impl->timeout = options.timeout();
+  impl->check_in_timeout = options.check_in_timeout();
+  impl->store_host = host_store ? 0 : -1;
   impl->name = "stowage";
   try {
     c10d::TCPStoreOptions store_options;
@@ -294,7 +418,8 @@ ProcessGroup join_group(const std::string& master_addr, int master_port, int64_t
     store_options.waitWorkers = true;
     store_options.timeout = options.timeout();
     auto tcp = c10::make_intrusive<c10d::TCPStore>(master_addr, store_options);
-    impl->store = c10::make_intrusive<c10d::PrefixStore>(impl->name, tcp);
+    const std::string prefix = host_store ? impl->name : fmt::format("/worker/attempt_{}/{}", attempt, impl->name);
+    impl->store = c10::make_intrusive<c10d::PrefixStore>(prefix, tcp);
     impl->backend = make_gloo(impl->store, rank, world_size, impl->timeout);
   } catch (const std::exception& e) {
     throw Error(fmt::format("init_process_group: rank {} of {} cannot join the group at {}:{} within {} ms: {}", rank,
@@ -307,7 +432,7 @@ ProcessGroup join_group(const std::string& master_addr, int master_port, int64_t
 
 ProcessGroup init_process_group(const std::string& master_addr, int master_port, int64_t rank, int64_t world_size,
                                 ProcessGroupOptions options) {
-  return join_group(master_addr, master_port, rank, world_size, /*host_store=*/true, options);
+  return join_group(master_addr, master_port, rank, world_size, /*attempt=*/"", options);
 }
 
 ProcessGroup init_process_group_from_env(ProcessGroupOptions options) {
@@ -323,8 +448,9 @@ ProcessGroup init_process_group_from_env(ProcessGroupOptions options) {
   }
   // torchrun's agent may host the store itself and say so; rank 0 then joins it.
   const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
-  const bool host_store = agent_store == nullptr || std::string(agent_store) != "True";
-  return join_group(addr, static_cast<int>(port), env_int("RANK"), env_int("WORLD_SIZE"), host_store, options);
+  const bool agent_hosts_store = agent_store != nullptr && std::string(agent_store) == "True";
+  const std::string attempt = agent_hosts_store ? std::to_string(env_int("TORCHELASTIC_RESTART_COUNT")) : "";
+  return join_group(addr, static_cast<int>(port), env_int("RANK"), env_int("WORLD_SIZE"), attempt, options);
 }
 
 }  // namespace stowage::dcp

@@ -8,18 +8,31 @@
 //   fail DIR      a save in which rank 1 fails mid-write: every rank must raise an
 //                 error naming rank 1, DIR must keep its previous checkpoint; then a
 //                 successful save (the resume)
-//   die DIR       a save in which rank 1 dies mid-write: the others must fail within
-//                 the group's timeout (STOWAGE_TEST_TIMEOUT_MS) and commit nothing
+//   dieR DIR      a save in which rank R dies mid-write: the others must fail
+//                 within the group's timeout (STOWAGE_TEST_TIMEOUT_MS; check-ins:
+//                 STOWAGE_TEST_CHECK_IN_MS) with an error naming rank R, and commit
+//                 nothing
+//   early DIR     saves, loads and async_saves in which rank 1 fails before the first
+//                 collective (a Stateful that throws, an undefined tensor, an empty
+//                 path): every rank must raise a CheckpointError naming rank 1 within
+//                 seconds, and the group must stay usable
+//   reject DIR    async_save with PendingSave::kReject while only rank 1 has a save in
+//                 flight: every rank must reject, naming rank 1, and the save in
+//                 flight must still complete
 //
 // Exit status 0 when every check held; 1 with a message otherwise.
 #include <stowage/dcp/dcp.h>
 #include <stowage/error.h>
+#include <stowage/state/stateful.h>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <thread>
 #include <set>
 #include <cstdlib>
 #include <iostream>
@@ -34,7 +47,7 @@ namespace {
 int64_t g_rank = 0;
 int64_t g_world = 1;
 
-#define CHECK(condition, ...)                                                                             \
+#define REQUIRE(condition, ...)                                                                             \
   do {                                                                                                     \
     if (!(condition)) throw std::runtime_error(fmt::format("rank {}: check failed: {}: {}", g_rank,        \
                                                            #condition, fmt::format(__VA_ARGS__)));         \
@@ -106,7 +119,7 @@ torch::Tensor local_of(const c10::IValue& value) {
 void check_state(const stowage::StateDict& state, double generation) {
   const auto expect_shard = [&](const char* name, const c10::IValue& value, const torch::Tensor& global, int64_t dim) {
     const auto [offset, length] = split(global.size(dim), g_world, g_rank);
-    CHECK(torch::equal(local_of(value), global.narrow(dim, offset, length)), "{} differs (generation {})", name,
+    REQUIRE(torch::equal(local_of(value), global.narrow(dim, offset, length)), "{} differs (generation {})", name,
           generation);
   };
   expect_shard("rows", state.at("rows"), global_rows(generation), 0);
@@ -114,32 +127,32 @@ void check_state(const stowage::StateDict& state, double generation) {
   const auto model = state.at("model").toGenericDict();
   expect_shard("cols", model.at("cols"), global_cols(generation), 1);
   for (int i = 0; i < 4; ++i) {
-    CHECK(torch::equal(model.at("rep" + std::to_string(i)).toTensor(), replicated(i, generation)), "rep{} differs", i);
+    REQUIRE(torch::equal(model.at("rep" + std::to_string(i)).toTensor(), replicated(i, generation)), "rep{} differs", i);
   }
-  CHECK(model.at("scale").toTensor().item<double>() == 2.5 + generation, "scale differs");
-  CHECK(state.at("step").toInt() == int64_t(1000 + generation), "step is {}", state.at("step").toInt());
-  CHECK(state.at("name").toStringRef() == "gen" + std::to_string(int(generation)), "name differs");
+  REQUIRE(model.at("scale").toTensor().item<double>() == 2.5 + generation, "scale differs");
+  REQUIRE(state.at("step").toInt() == int64_t(1000 + generation), "step is {}", state.at("step").toInt());
+  REQUIRE(state.at("name").toStringRef() == "gen" + std::to_string(int(generation)), "name differs");
 }
 
 // What the metadata of a save with this world must say.
 void check_metadata(const dcp::Metadata& metadata) {
-  CHECK(metadata.world_size == g_world, "world_size {}", metadata.world_size);
+  REQUIRE(metadata.world_size == g_world, "world_size {}", metadata.world_size);
   std::set<int64_t> writers;
   for (int i = 0; i < 4; ++i) {
     const dcp::EntryMetadata* rep = metadata.find("model.rep" + std::to_string(i));
-    CHECK(rep != nullptr && rep->chunks.size() == 1, "replicated rep{} must be written exactly once", i);
+    REQUIRE(rep != nullptr && rep->chunks.size() == 1, "replicated rep{} must be written exactly once", i);
     writers.insert(rep->chunks[0].rank);
   }
   // Fewest bytes planned so far: the replicated tensors spread over the ranks.
-  CHECK(static_cast<int64_t>(writers.size()) == std::min<int64_t>(g_world, 4), "replicated tensors written by {} ranks",
+  REQUIRE(static_cast<int64_t>(writers.size()) == std::min<int64_t>(g_world, 4), "replicated tensors written by {} ranks",
         writers.size());
   const dcp::EntryMetadata* cols = metadata.find("model.cols");
-  CHECK(cols != nullptr && static_cast<int64_t>(cols->chunks.size()) == g_world, "cols has {} chunks",
+  REQUIRE(cols != nullptr && static_cast<int64_t>(cols->chunks.size()) == g_world, "cols has {} chunks",
         cols->chunks.size());
   for (const dcp::TensorChunk& chunk : cols->chunks) {
-    CHECK(chunk.box.offsets[1] == split(9, g_world, chunk.rank).first, "cols chunk of rank {} misplaced", chunk.rank);
+    REQUIRE(chunk.box.offsets[1] == split(9, g_world, chunk.rank).first, "cols chunk of rank {} misplaced", chunk.rank);
   }
-  CHECK(metadata.find("step") != nullptr && metadata.find("step")->value.toInt() >= 1000, "step missing");
+  REQUIRE(metadata.find("step") != nullptr && metadata.find("step")->value.toInt() >= 1000, "step missing");
 }
 
 double generation_of(const std::string& dir) {
@@ -165,8 +178,8 @@ void load_command(const dcp::ProcessGroup& group, const std::string& dir) {
   const dcp::Metadata metadata = reader.read_metadata();
   const int64_t own = local_of(big.at("big")).numel() * 4;
   const int64_t bound = own + 2 * dcp::kChecksumBlockBytes * static_cast<int64_t>(metadata.find("big")->chunks.size());
-  CHECK(reader.bytes_read() <= bound, "read {} bytes of 'big' for a shard of {} bytes", reader.bytes_read(), own);
-  if (g_world > 1) CHECK(reader.bytes_read() < 256 * 1024 * 4, "read the whole of 'big' ({} bytes)", reader.bytes_read());
+  REQUIRE(reader.bytes_read() <= bound, "read {} bytes of 'big' for a shard of {} bytes", reader.bytes_read(), own);
+  if (g_world > 1) REQUIRE(reader.bytes_read() < 256 * 1024 * 4, "read the whole of 'big' ({} bytes)", reader.bytes_read());
 }
 
 void async_command(const dcp::ProcessGroup& group, const std::string& dir) {
@@ -178,7 +191,7 @@ void async_command(const dcp::ProcessGroup& group, const std::string& dir) {
   // Training goes on: the caller's group keeps running collectives meanwhile.
   group.barrier();
   const auto all = group.all_gather(std::to_string(g_rank));
-  CHECK(static_cast<int64_t>(all.size()) == g_world, "all_gather during async_save");
+  REQUIRE(static_cast<int64_t>(all.size()) == g_world, "all_gather during async_save");
   dcp::FileSystemWriter other_writer(dir + "-b");
   const dcp::AsyncSaveResponse b = dcp::async_save(second, other_writer, nullptr, {}, group);
   check_metadata(a.upload_completion.get());
@@ -191,20 +204,22 @@ void async_command(const dcp::ProcessGroup& group, const std::string& dir) {
   check_state(state, 2);
 }
 
-// Fails (or dies) on rank 1 once its first chunk is written.
+// Fails (or dies) on rank `culprit` once its first chunk is written.
 class FailingWriter : public dcp::FileSystemWriter {
  public:
-  FailingWriter(const std::string& dir, bool die) : FileSystemWriter(dir), die_(die) {}
+  FailingWriter(const std::string& dir, bool die, int64_t culprit = 1)
+      : FileSystemWriter(dir), die_(die), culprit_(culprit) {}
 
  protected:
   void on_item_written(const dcp::WriteResult& result) override {
-    if (g_rank != 1) return;
+    if (g_rank != culprit_) return;
     if (die_) _exit(3);
     throw stowage::Error(fmt::format("injected disk failure after writing '{}'", result.fqn));
   }
 
  private:
   bool die_;
+  int64_t culprit_;
 };
 
 void fail_command(const dcp::ProcessGroup& group, const std::string& dir) {
@@ -212,10 +227,10 @@ void fail_command(const dcp::ProcessGroup& group, const std::string& dir) {
   FailingWriter failing(dir, /*die=*/false);
   try {
     dcp::save(make_state(2, true), failing, group);
-    CHECK(false, "the save with a failing rank succeeded");
+    REQUIRE(false, "the save with a failing rank succeeded");
   } catch (const dcp::CheckpointError& e) {
-    CHECK(e.step() == "write" && e.failures().size() == 1 && e.failures().count(1) == 1, "{}", e.what());
-    CHECK(std::string(e.what()).find("injected disk failure") != std::string::npos, "{}", e.what());
+    REQUIRE(e.step() == "write" && e.failures().size() == 1 && e.failures().count(1) == 1, "{}", e.what());
+    REQUIRE(std::string(e.what()).find("injected disk failure") != std::string::npos, "{}", e.what());
   }
   group.barrier();  // every rank has cleaned up
   stowage::StateDict state = make_state(0, false);
@@ -231,23 +246,163 @@ void fail_command(const dcp::ProcessGroup& group, const std::string& dir) {
   const std::vector<std::string> files = metadata.files();
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
-    CHECK(name == dcp::kMetadataFileName || std::find(files.begin(), files.end(), name) != files.end(),
+    REQUIRE(name == dcp::kMetadataFileName || std::find(files.begin(), files.end(), name) != files.end(),
           "stray file '{}'", name);
   }
 }
 
-void die_command(const dcp::ProcessGroup& group, const std::string& dir) {
+void die_command(const dcp::ProcessGroup& group, const std::string& dir, int64_t dying_rank) {
   dcp::save(make_state(1, true), dir, group);
-  FailingWriter dying(dir, /*die=*/true);
+  FailingWriter dying(dir, /*die=*/true, dying_rank);
   const auto start = std::chrono::steady_clock::now();
   try {
     dcp::save(make_state(2, true), dying, group);
-    CHECK(false, "the save with a dead rank succeeded");
-  } catch (const stowage::Error& e) {
+    REQUIRE(false, "the save with a dead rank succeeded");
+  } catch (const dcp::CheckpointError& e) {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::cout << fmt::format("rank {} failed after {:.1f} s: {}\n", g_rank, seconds, e.what());
-    CHECK(seconds < group.timeout().count() / 1000.0 + 5, "took {} s", seconds);
+    REQUIRE(seconds < group.timeout().count() / 1000.0 + 5, "took {} s", seconds);
+    REQUIRE(e.failures().count(dying_rank) == 1, "the dead rank {} is not named: {}", dying_rank, e.what());
   }
+  // The group is out of step for good: its next collective fails at once, saying why.
+  const auto again = std::chrono::steady_clock::now();
+  try {
+    group.barrier();
+    REQUIRE(false, "a barrier succeeded on a group that lost rank {}", dying_rank);
+  } catch (const dcp::CollectiveError& e) {
+    REQUIRE(std::string(e.what()).find("failed in an earlier collective") != std::string::npos, "{}", e.what());
+    REQUIRE(std::count(e.unresponsive_ranks().begin(), e.unresponsive_ranks().end(), dying_rank) == 1, "{}", e.what());
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - again).count();
+  REQUIRE(seconds < group.timeout().count() / 2000.0, "the barrier took {} s", seconds);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Runs `operation` (`what`), which must raise on every rank a CheckpointError of `step`
+// naming rank 1 with `cause`, long before the group's timeout: no rank waited for one
+// that had given up.
+template <typename Operation>
+void expect_rank1_failure(const dcp::ProcessGroup& group, const char* what, const std::string& step,
+                          const std::string& cause, Operation&& operation) {
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    operation();
+    REQUIRE(false, "{} succeeded", what);
+  } catch (const dcp::CheckpointError& e) {
+    REQUIRE(e.step() == step && e.failures().size() == 1 && e.failures().count(1) == 1, "{}: {}", what, e.what());
+    REQUIRE(e.failures().at(1).find(cause) != std::string::npos, "{}: {}", what, e.what());
+  }
+  const double seconds = seconds_since(start);
+  REQUIRE(seconds < group.timeout().count() / 2000.0, "{} took {:.1f} s", what, seconds);
+  std::cout << fmt::format("rank {}: {} failed everywhere after {:.2f} s\n", g_rank, what, seconds);
+}
+
+class ThrowingStateful : public stowage::Stateful {
+ public:
+  stowage::StateDict state_dict() override { throw stowage::Error("injected state_dict failure"); }
+  void load_state_dict(const stowage::StateDict&) override {}
+};
+
+// The test state, with rank 1's entry `key` replaced by `value`.
+stowage::StateDict with_rank1_entry(stowage::StateDict state, const std::string& key, const c10::IValue& value) {
+  if (g_rank == 1) state.insert_or_assign(key, value);
+  return state;
+}
+
+void early_command(const dcp::ProcessGroup& group, const std::string& dir) {
+  REQUIRE(g_world == 2, "early needs 2 ranks");
+  dcp::save(make_state(1, true), dir, group);
+  const c10::IValue throwing = stowage::as_ivalue(c10::make_intrusive<ThrowingStateful>());
+  const c10::IValue undefined = torch::Tensor();
+
+  expect_rank1_failure(group, "save with a throwing Stateful", "plan", "injected state_dict failure",
+                       [&] { dcp::save(with_rank1_entry(make_state(2, true), "name", throwing), dir, group); });
+  expect_rank1_failure(group, "save with an undefined tensor", "plan", "'step'",
+                       [&] { dcp::save(with_rank1_entry(make_state(2, true), "step", undefined), dir, group); });
+  expect_rank1_failure(group, "save to an empty path", "plan", "path is empty",
+                       [&] { dcp::save(make_state(2, true), g_rank == 1 ? std::string() : dir, group); });
+  expect_rank1_failure(group, "load from an empty path", "load", "path is empty", [&] {
+    stowage::StateDict state = make_state(0, false);
+    dcp::load(state, g_rank == 1 ? std::string() : dir, {}, group);
+  });
+  expect_rank1_failure(group, "load into a throwing Stateful", "load", "injected state_dict failure", [&] {
+    stowage::StateDict state = with_rank1_entry(make_state(0, false), "name", throwing);
+    dcp::load(state, dir, dcp::LoadOptions().allow_partial_load(true), group);
+  });
+  dcp::FileSystemWriter writer(dir);
+  expect_rank1_failure(group, "async_save with a throwing Stateful", "plan", "injected state_dict failure", [&] {
+    const dcp::AsyncSaveResponse response =
+        dcp::async_save(with_rank1_entry(make_state(2, true), "name", throwing), writer, nullptr, {}, group);
+    if (g_rank == 1) {
+      try {
+        response.staging_completion.get();
+        REQUIRE(false, "staging succeeded with a throwing Stateful");
+      } catch (const stowage::Error& e) {
+        REQUIRE(std::string(e.what()).find("injected") != std::string::npos, "{}", e.what());
+      }
+    }
+    response.upload_completion.get();
+  });
+  expect_rank1_failure(group, "async_save with an undefined tensor", "plan", "'step'", [&] {
+    dcp::async_save(with_rank1_entry(make_state(2, true), "step", undefined), writer, nullptr, {}, group)
+        .upload_completion.get();
+  });
+
+  // Nothing was committed, and both groups still work.
+  stowage::StateDict state = make_state(0, false);
+  dcp::load(state, dir, {}, group);
+  check_state(state, 1);
+  check_metadata(dcp::async_save(make_state(3, true), writer, nullptr, {}, group).upload_completion.get());
+  check_metadata(dcp::save(make_state(4, true), dir, group));
+  state = make_state(0, false);
+  dcp::load(state, dir, {}, group);
+  check_state(state, 4);
+}
+
+// Holds rank 1's writes at a gate until it opens.
+class GatedWriter : public dcp::FileSystemWriter {
+ public:
+  explicit GatedWriter(const std::string& dir) : FileSystemWriter(dir) {}
+  void open() { open_ = true; }
+
+ protected:
+  void on_item_written(const dcp::WriteResult&) override {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (g_rank == 1 && !open_ && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+ private:
+  std::atomic<bool> open_{false};
+};
+
+void reject_command(const dcp::ProcessGroup& group, const std::string& dir) {
+  REQUIRE(g_world == 2, "reject needs 2 ranks");
+  GatedWriter gated(dir);
+  dcp::FileSystemWriter spare(dir + "-spare");
+  const dcp::AsyncSaveOptions reject = dcp::AsyncSaveOptions().if_save_pending(dcp::PendingSave::kReject);
+  const dcp::AsyncSaveResponse first = dcp::async_save(make_state(1, true), gated, nullptr, reject, group);
+  first.staging_completion.get();
+  // Rank 1's save now waits at its gate (and rank 0's for rank 1's writes). Rank 1
+  // passes that writer again, rank 0 a free one: only rank 1 would reject.
+  dcp::StorageWriter& writer = g_rank == 1 ? static_cast<dcp::StorageWriter&>(gated) : spare;
+  expect_rank1_failure(group, "async_save rejected on rank 1", "start", "still in flight",
+                       [&] { dcp::async_save(make_state(2, true), writer, nullptr, reject, group); });
+  REQUIRE(!spare.has_pending_save(), "a save started on rank {} although rank 1 rejected", g_rank);
+  gated.open();
+  check_metadata(first.upload_completion.get());
+  // The background saves are still in step.
+  check_metadata(dcp::async_save(make_state(3, true), spare, nullptr, reject, group).upload_completion.get());
+  stowage::StateDict state = make_state(0, false);
+  dcp::load(state, dir, {}, group);
+  check_state(state, 1);
+  state = make_state(0, false);
+  dcp::load(state, dir + "-spare", {}, group);
+  check_state(state, 3);
 }
 
 }  // namespace
@@ -255,8 +410,11 @@ void die_command(const dcp::ProcessGroup& group, const std::string& dir) {
 int main(int argc, char** argv) {
   try {
     const char* timeout = std::getenv("STOWAGE_TEST_TIMEOUT_MS");
+    const char* check_in = std::getenv("STOWAGE_TEST_CHECK_IN_MS");
     const dcp::ProcessGroup group = dcp::init_process_group_from_env(
-        dcp::ProcessGroupOptions().timeout(std::chrono::milliseconds(timeout ? std::atoll(timeout) : 60000)));
+        dcp::ProcessGroupOptions()
+            .timeout(std::chrono::milliseconds(timeout ? std::atoll(timeout) : 60000))
+            .check_in_timeout(std::chrono::milliseconds(check_in ? std::atoll(check_in) : 10000)));
     g_rank = group.rank();
     g_world = group.size();
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -270,8 +428,12 @@ int main(int argc, char** argv) {
         async_command(group, dir);
       } else if (command == "fail") {
         fail_command(group, dir);
-      } else if (command == "die") {
-        die_command(group, dir);
+      } else if (command.rfind("die", 0) == 0) {
+        die_command(group, dir, std::stoll(command.substr(3)));
+      } else if (command == "early") {
+        early_command(group, dir);
+      } else if (command == "reject") {
+        reject_command(group, dir);
       } else {
         throw std::runtime_error("unknown command " + command);
       }

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -75,37 +76,58 @@ TEST(DcpDistributed, AFailingRankFailsEveryRankCommitsNothingAndTheNextSaveResum
   launch(2, fmt::format("fail {}", dir.sub("ckpt")));
 }
 
-TEST(DcpDistributed, AKilledRankMakesTheOthersFailWithinTheTimeout) {
-  // launch would stop the survivors itself; here they must notice on their own.
+TEST(DcpDistributed, ARankFailingBeforeTheFirstCollectiveFailsEveryRankAtOnce) {
+  // A throwing Stateful, an undefined tensor or an empty path on rank 1, in save, load
+  // and async_save: the worker checks that every rank raises a CheckpointError naming
+  // rank 1 and the cause in under half the group's timeout (the peers did not wait for
+  // it), that nothing was committed, and that the group still saves and loads.
+  const ScratchDir dir;
+  launch(2, fmt::format("early {}", dir.sub("ckpt")));
+}
+
+TEST(DcpDistributed, ARejectedAsyncSaveOnOneRankIsRejectedOnEveryRank) {
+  // PendingSave::kReject while only rank 1's writer has a save in flight: every rank
+  // rejects, naming rank 1, none starts a save, and the save in flight completes.
+  const ScratchDir dir;
+  launch(2, fmt::format("reject {}", dir.sub("ckpt")));
+}
+
+// `world` ranks started by the test itself (launch would stop the survivors on its
+// own); `dying_rank` dies mid-write in the second of two saves.
+void expect_survivors_name_the_dead_rank(int world, int dying_rank) {
   const ScratchDir dir;
   const std::string ckpt = dir.sub("ckpt");
   const int port = free_port();
+  const std::string command = fmt::format("die{}", dying_rank);
   std::vector<pid_t> ranks;
-  for (int rank = 0; rank < 2; ++rank) {
+  for (int rank = 0; rank < world; ++rank) {
     const pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
       setenv("RANK", std::to_string(rank).c_str(), 1);
-      setenv("WORLD_SIZE", "2", 1);
+      setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
       setenv("MASTER_ADDR", "127.0.0.1", 1);
       setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       setenv("STOWAGE_TEST_TIMEOUT_MS", "5000", 1);
+      setenv("STOWAGE_TEST_CHECK_IN_MS", "1000", 1);
       const std::string log = dir.sub("rank" + std::to_string(rank) + ".log");
       freopen(log.c_str(), "w", stdout);
       dup2(fileno(stdout), STDERR_FILENO);
-      execl(kWorker.c_str(), kWorker.c_str(), "die", ckpt.c_str(), static_cast<char*>(nullptr));
+      execl(kWorker.c_str(), kWorker.c_str(), command.c_str(), ckpt.c_str(), static_cast<char*>(nullptr));
       _exit(127);
     }
     ranks.push_back(pid);
   }
-  // Bounded wait: the survivor must be done well within the timeout plus start-up.
-  std::vector<int> status(2, -1);
+  // Bounded wait: the survivors must be done well within the timeout plus start-up.
+  std::vector<int> status(world, -1);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(40);
   for (size_t done = 0; done < ranks.size();) {
     int raw = 0;
     const pid_t pid = waitpid(-1, &raw, WNOHANG);
     if (pid > 0) {
-      status[pid == ranks[0] ? 0 : 1] = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+      const size_t rank = std::find(ranks.begin(), ranks.end(), pid) - ranks.begin();
+      ASSERT_LT(rank, ranks.size());
+      status[rank] = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
       ++done;
     } else if (std::chrono::steady_clock::now() > deadline) {
       for (pid_t rank : ranks) kill(rank, SIGKILL);
@@ -114,15 +136,34 @@ TEST(DcpDistributed, AKilledRankMakesTheOthersFailWithinTheTimeout) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
-  const std::string log0 = testing::read_file(dir.sub("rank0.log"));
-  EXPECT_EQ(status[1], 3) << testing::read_file(dir.sub("rank1.log"));  // died as injected
-  EXPECT_EQ(status[0], 0) << log0;
-  EXPECT_NE(log0.find("rank 0 failed after"), std::string::npos) << log0;
+  EXPECT_EQ(status[dying_rank], 3) << testing::read_file(dir.sub("rank" + std::to_string(dying_rank) + ".log"));
+  for (int survivor = 0; survivor < world; ++survivor) {
+    if (survivor == dying_rank) continue;
+    const std::string log = testing::read_file(dir.sub("rank" + std::to_string(survivor) + ".log"));
+    EXPECT_EQ(status[survivor], 0) << log;
+    EXPECT_NE(log.find(fmt::format("rank {} failed after", survivor)), std::string::npos) << log;
+    // Its error names the dead rank (the worker checks CheckpointError::failures).
+    EXPECT_NE(log.find(fmt::format("[rank {}] dead or unresponsive", dying_rank)), std::string::npos) << log;
+  }
   // The first save's checkpoint is still the committed one and loads in one process.
   FileSystemReader reader(ckpt);
   const Metadata metadata = reader.read_metadata();
-  EXPECT_EQ(metadata.world_size, 2);
+  EXPECT_EQ(metadata.world_size, world);
   EXPECT_EQ(metadata.find("step")->value.toInt(), 1001);
+}
+
+TEST(DcpDistributed, AKilledRankIsNamedByTheOthersWithinTheTimeout) {
+  expect_survivors_name_the_dead_rank(2, 1);
+}
+
+TEST(DcpDistributed, AKilledCoordinatorHostingTheStoreIsNamedByTheOthers) {
+  expect_survivors_name_the_dead_rank(2, 0);
+}
+
+TEST(DcpDistributed, RanksWaitingInOtherCollectivesLearnOfAKilledRankThroughTheStore) {
+  // With 4 ranks, some survivors wait in collectives that do not involve the dead rank's
+  // connections; they see the failure posted in the store and name it too.
+  expect_survivors_name_the_dead_rank(4, 2);
 }
 
 }  // namespace

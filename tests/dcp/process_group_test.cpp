@@ -51,6 +51,9 @@ TEST(DcpProcessGroup, TheEnvironmentIsCheckedNamingTheVariable) {
   EXPECT_THROW(init_process_group_from_env(), InvalidArgument);
   EXPECT_THROW(init_process_group("127.0.0.1", 29500, 0, 1, ProcessGroupOptions().timeout(std::chrono::milliseconds(0))),
                InvalidArgument);
+  EXPECT_THROW(
+      init_process_group("127.0.0.1", 29500, 0, 1, ProcessGroupOptions().check_in_timeout(std::chrono::milliseconds(0))),
+      InvalidArgument);
   for (const char* name : {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"}) unsetenv(name);
 }
 

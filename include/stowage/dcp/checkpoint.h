@@ -14,8 +14,12 @@
 // data files; rank 0 gathers the results and commits the metadata only once every rank
 // has written. A failure on any rank reaches every rank: each raises CheckpointError
 // naming the failed ranks and their causes, and nothing is committed. Every rank takes
-// part in every collective whatever failed, so the group stays usable; a rank that
-// dies or hangs makes the others fail within the group's timeout (process_group.h).
+// part in every collective whatever failed (an error before the first one, even in
+// making the FileSystemWriter or FileSystemReader of a path, is the rank's failure in
+// the first step), so the group stays usable. A rank that dies or hangs fails the group
+// (process_group.h): the others raise CheckpointError naming it as dead or
+// unresponsive, at once for a dead rank plus the group's check_in_timeout, after the
+// group's timeout for a hung one; the group is then unusable.
 
 #include <stowage/dcp/filesystem.h>
 #include <stowage/dcp/metadata.h>
@@ -39,7 +43,8 @@ namespace stowage::dcp {
 // it.
 class CheckpointError : public Error {
  public:
-  // `step`: "plan", "write", "commit" or "load"; `failures`: cause by rank.
+  // `step`: "start" (async_save's agreement), "plan", "write", "commit" or "load";
+  // `failures`: cause by rank.
   CheckpointError(std::string step, std::map<int64_t, std::string> failures);
   const std::string& step() const { return step_; }
   const std::map<int64_t, std::string>& failures() const { return failures_; }
@@ -58,6 +63,9 @@ Metadata save(const StateDict& state, const std::string& checkpoint_dir,
               std::optional<ProcessGroup> group = std::nullopt);
 
 // What async_save does when the writer still has a save in flight.
+// With a group the ranks agree first (one collective on the group, on the caller's
+// thread): if any rank would reject, every rank throws CheckpointError (step "start")
+// naming the ranks with a save in flight, and none starts a save.
 enum class PendingSave {
   kWait,    // wait for it on the caller's thread, then stage (the default)
   kReject,  // throw Error at once
@@ -91,8 +99,10 @@ struct AsyncSaveResponse {
 // (ProcessGroup::async_save_group(), made on the first such call), never on the group
 // the caller's thread uses, and the background saves on it run one after another in
 // the order they were started. Every rank must then return from async_save to report:
-// a rank's error before the write (validation, staging) goes into its futures and,
-// through the collectives, into every rank's upload_completion as a CheckpointError.
+// a rank's error before the write (validation, a Stateful's state_dict(), staging)
+// goes into its futures and, through the collectives, into every rank's
+// upload_completion as a CheckpointError. async_save itself runs one collective on
+// `group`, on the caller's thread, before anything starts (see PendingSave).
 AsyncSaveResponse async_save(const StateDict& state, StorageWriter& writer, AsyncStager* stager = nullptr,
                              AsyncSaveOptions options = {}, std::optional<ProcessGroup> group = std::nullopt);
 

@@ -9,6 +9,16 @@
 // Every collective is bounded by the group's timeout: a rank that dies makes the others
 // fail as soon as its connections drop, and one that stops answering makes them fail
 // after the timeout. All ranks must call the collectives in the same order.
+//
+// A failed collective fails the group on every rank: the rank that sees the failure
+// posts it in the store, the ranks waiting in other collectives see it there within
+// kFailurePollInterval and stop waiting, and every survivor checks in through the store
+// and waits up to check_in_timeout for the others; the ranks that never check in are
+// named in the CollectiveError as dead or unresponsive. From then on every collective
+// on the group throws at once (make a new group). A collective abandoned this way stays
+// queued in Gloo until its own timeout, which destroying the group waits for.
+
+#include <stowage/error.h>
 
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
@@ -26,6 +36,27 @@ struct ProcessGroupOptions {
   // Bound on the rendezvous and on every collective. A save's collective waits for the
   // slowest rank's writes, so this must exceed the longest write; c10d's default.
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(30);
+  // After a collective fails, how long the surviving ranks wait for each other to check
+  // in before naming the missing ones dead or unresponsive. A rank busy outside the
+  // collectives (a long write) checks in at its next collective, so a shorter wait may
+  // name a slow rank along with a dead one.
+  TORCH_ARG(std::chrono::milliseconds, check_in_timeout) = std::chrono::seconds(10);
+};
+
+// How often a rank waiting in a collective looks in the store for a failure another
+// rank has posted.
+constexpr std::chrono::milliseconds kFailurePollInterval{200};
+
+// A collective that failed, on this rank or (posted in the store) on another.
+class CollectiveError : public Error {
+ public:
+  CollectiveError(const std::string& message, std::vector<int64_t> unresponsive_ranks);
+  // The ranks that did not check in after the failure (dead, hung, or busy outside
+  // the collectives for longer than check_in_timeout); empty when every rank did.
+  const std::vector<int64_t>& unresponsive_ranks() const { return unresponsive_ranks_; }
+
+ private:
+  std::vector<int64_t> unresponsive_ranks_;
 };
 
 class ProcessGroup {
@@ -53,8 +84,9 @@ class ProcessGroup {
   // the same on every rank.
   std::shared_future<void> take_turn(std::shared_future<void> done) const;
 
-  // Byte exchanges, each a few c10d collectives on uint8 tensors. Throw Error naming
-  // the operation and c10d's cause on a timeout or a lost rank.
+  // Byte exchanges, each a few c10d collectives on uint8 tensors. Throw
+  // CollectiveError naming the operation, the cause and the ranks that did not check
+  // in, on a timeout, a lost rank or a failure another rank posted.
   // Every rank's bytes, indexed by rank, on every rank.
   std::vector<std::string> all_gather(const std::string& bytes) const;
   // Every rank's bytes, indexed by rank, on `root`; empty elsewhere.
@@ -79,7 +111,9 @@ class ProcessGroup {
 // Joins the group the environment describes, as torchrun and `stowage launch` set it:
 // RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; GLOO_SOCKET_IFNAME, if set, picks the
 // network interface as in PyTorch. Rank 0 hosts the TCPStore, unless torchrun's agent
-// does (TORCHELASTIC_USE_AGENT_STORE=True). Throws InvalidArgument naming a
+// does (TORCHELASTIC_USE_AGENT_STORE=True; the group's keys then live under the
+// restart's attempt, TORCHELASTIC_RESTART_COUNT, as in PyTorch, so that a restarted job
+// never reads its predecessor's). Throws InvalidArgument naming a
 // missing or malformed variable, and Error if the rendezvous fails within the timeout.
 ProcessGroup init_process_group_from_env(ProcessGroupOptions options = {});
 
