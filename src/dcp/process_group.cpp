@@ -366,7 +366,7 @@ void ProcessGroup::barrier() const {
 }
 
 void ProcessGroup::all_reduce_sum(at::Tensor& tensor) const {
-  const Impl& g = *impl_;
+  Impl& g = *impl_;
   check_collective_tensor(tensor, "all_reduce_sum");
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions options;
@@ -376,7 +376,7 @@ void ProcessGroup::all_reduce_sum(at::Tensor& tensor) const {
 }
 
 void ProcessGroup::broadcast(at::Tensor& tensor, int64_t root) const {
-  const Impl& g = *impl_;
+  Impl& g = *impl_;
   check_collective_tensor(tensor, "broadcast");
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions options;
