@@ -434,8 +434,9 @@ void SwapOptimizer::recover_from_failure(std::exception_ptr cause, const std::ve
     const auto batch = std::upper_bound(first_unit.begin(), first_unit.end(), processed) - first_unit.begin() - 1;
     outcome = fmt::format("the update stopped in batch {} of {}: ", batch, batches);
     outcome += processed == 0 ? std::string("no parameter was updated")
-                              : fmt::format("parameters {} to {} were updated, {} to {} were not", units.front().index,
-                                            units[processed - 1].index, units[processed].index, units.back().index);
+                              : fmt::format("parameters {} to {} were updated (those with a gradient), {} to {} were not",
+                                            units.front().index, units[processed - 1].index, units[processed].index,
+                                            units.back().index);
   }
   if (!redone.empty()) {
     outcome += fmt::format("; the states of batch(es) {} were downloaded again", fmt::join(redone, ", "));

@@ -32,7 +32,8 @@
 //    on the host matches its parameter. For that, the states of an updated batch whose
 //    download failed are downloaded again from the arena (which the failed download keeps
 //    from being reused); if that fails too, they stay on the device, still matching,
-//    until the next step moves them back. Each parameter's update allocates before it
+//    until the next step moves them back (this needs memory for a device copy of the
+//    batch's states; without it, the allocation failure escapes and those states are lost). Each parameter's update allocates before it
 //    writes, so an update that throws leaves its parameter unchanged.
 //  - Either way, step() returns only once no copy is running, the staging memory is
 //    released, and the copy engine is usable; the exception (stowage::Error) gives the
