@@ -304,7 +304,8 @@ at::Tensor SwapOptimizer::step(torch::optim::Optimizer::LossClosure closure) {
             p, g, describe(grad), grad.device().str(), describe(param), param.device().str()));
       }
       torch::optim::OptimizerParamState* state = detail::find_state(states, param);
-      if (amsgrad && state != nullptr && !detail::state_ref(family_, *state).tensors[detail::kMaxExpAvgSqSlot]->defined()) {
+      if (amsgrad && state != nullptr &&
+          !detail::state_ref(family_, *state).tensors[detail::kMaxExpAvgSqSlot]->defined()) {
         throw InvalidArgument(fmt::format(
             "Swap optimizer: param group {} has amsgrad on but parameter {} has no max_exp_avg_sq state (amsgrad was "
             "enabled after its state was created).",
@@ -434,7 +435,8 @@ void SwapOptimizer::recover_from_failure(std::exception_ptr cause, const std::ve
     const auto batch = std::upper_bound(first_unit.begin(), first_unit.end(), processed) - first_unit.begin() - 1;
     outcome = fmt::format("the update stopped in batch {} of {}: ", batch, batches);
     outcome += processed == 0 ? std::string("no parameter was updated")
-                              : fmt::format("parameters {} to {} were updated (those with a gradient), {} to {} were not",
+                              : fmt::format("parameters {} to {} were updated (those with a gradient), {} to {} "
+                                            "were not",
                                             units.front().index, units[processed - 1].index, units[processed].index,
                                             units.back().index);
   }

@@ -40,7 +40,8 @@ std::shared_ptr<torch::optim::AdamW> adamw(const std::vector<torch::Tensor>& par
 
 // A swap optimizer and a plain AdamW that have taken the same steps.
 struct Pair {
-  explicit Pair(bool packed) : params(make_params(testing::Shapes(kParams, {kNumel}))), plain_params(clone_params(params)) {
+  explicit Pair(bool packed)
+      : params(make_params(testing::Shapes(kParams, {kNumel}))), plain_params(clone_params(params)) {
     swap = swap_optimizer(adamw(params), SwapOptimizerConfig().swap_times(kSwapTimes).packed_swap(packed));
     plain = adamw(plain_params);
     for (int step = 0; step < kStepsBefore; ++step) this->step(step);

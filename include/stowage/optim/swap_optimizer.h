@@ -27,14 +27,15 @@
 //    out on the host (e.g. a failed download of states created before wrapping).
 //  - Once the updates have begun, a failure (a copy that fails, an update that throws,
 //    e.g. for lack of memory) ends the step early with this guarantee: each parameter is
-//    either updated (with its states and step count) or left as it was, and the updated
-//    ones are a prefix of the parameters in group order (those with state); every state
-//    on the host matches its parameter. For that, the states of an updated batch whose
-//    download failed are downloaded again from the arena (which the failed download keeps
-//    from being reused); if that fails too, they stay on the device, still matching,
-//    until the next step moves them back (this needs memory for a device copy of the
-//    batch's states; without it, the allocation failure escapes and those states are lost). Each parameter's update allocates before it
-//    writes, so an update that throws leaves its parameter unchanged.
+//    either updated (with its states and step count) or left as it was, the updated ones
+//    being those with a gradient among a prefix of the parameters in group order; every
+//    state on the host matches its parameter. For that, the states of an updated batch
+//    whose download failed are downloaded again from the arena (which the failed download
+//    keeps from being reused); if that fails too, they stay on the device, still matching,
+//    until the next step moves them back. That needs memory for a device copy of the
+//    batch's states: without it, the allocation failure escapes and they are lost. Each
+//    parameter's update allocates before it writes, so an update that throws leaves its
+//    parameter unchanged.
 //  - Either way, step() returns only once no copy is running, the staging memory is
 //    released, and the copy engine is usable; the exception (stowage::Error) gives the
 //    cause, the batch where the update stopped and which parameters were updated.
