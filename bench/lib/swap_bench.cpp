@@ -28,9 +28,11 @@ constexpr double kStepLimit = 1.5;
 }  // namespace
 
 SwapBenchResult run_swap_bench(const SwapBenchOptions& options) {
-  if (options.params <= 0 || options.tensors <= 0 || options.tensors > options.params || options.steps <= 0) {
-    throw InvalidArgument(fmt::format("bench swap: need 0 < tensors ({}) <= params ({}) and steps ({}) > 0",
-                                      options.tensors, options.params, options.steps));
+  if (options.params <= 0 || options.tensors <= 0 || options.tensors > options.params || options.steps <= 0 ||
+      options.warmup_steps < 0) {
+    throw InvalidArgument(fmt::format(
+        "bench swap: need 0 < tensors ({}) <= params ({}), steps ({}) > 0 and warmup_steps ({}) >= 0",
+        options.tensors, options.params, options.steps, options.warmup_steps));
   }
   memory::enable_accounting();
   torch::NoGradGuard no_grad;
@@ -42,38 +44,53 @@ SwapBenchResult run_swap_bench(const SwapBenchOptions& options) {
     p.mutable_grad() = torch::rand({numel}).sub_(0.5);
     params.push_back(p);
   }
-  // Parameters and gradients: everything on the device that is not optimizer state.
-  const int64_t model_bytes = memory::memory_allocated();
-
   SwapBenchResult result;
   result.params = options.params;
   const auto adamw = [&] { return std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-3)); };
+
+  // Every optimizer lives for the whole run, and the timed steps go round-robin (plain,
+  // then each swap_times, again and again), so that every configuration meets the same
+  // machine state: the same other load, the same malloc heap (glibc serves the plain
+  // step's parameter-sized temporaries from the heap only once it has freed one such
+  // mmap'd block, which the warm-up steps do).
+  auto plain = adamw();
   {
-    auto plain = adamw();
+    const int64_t before = memory::memory_allocated();
     plain->step();  // creates the states
-    result.plain_state_bytes = memory::memory_allocated() - model_bytes;
-    std::vector<double> times;
-    for (int s = 0; s < options.steps; ++s) times.push_back(seconds([&] { plain->step(); }));
-    result.plain_step_s = median(times);
+    result.plain_state_bytes = memory::memory_allocated() - before;
   }
+  std::vector<c10::intrusive_ptr<optim::SwapOptimizer>> swaps;
   for (const int64_t swap_times : options.swap_times) {
-    auto swap = optim::swap_optimizer(adamw(), optim::SwapOptimizerConfig().swap_times(swap_times));
-    swap->step();  // creates the states in host buffers
+    const int64_t before = memory::memory_allocated();
+    swaps.push_back(optim::swap_optimizer(adamw(), optim::SwapOptimizerConfig().swap_times(swap_times)));
+    swaps.back()->step();  // creates the states in host buffers
     SwapRun run;
     run.swap_times = swap_times;
-    run.resident_between_steps_bytes = memory::memory_allocated() - model_bytes;
-    std::vector<double> times;
-    for (int s = 0; s < options.steps; ++s) {
-      memory::reset_peak_memory_stats();
-      times.push_back(seconds([&] { swap->step(); }));
-      run.peak_resident_during_step_bytes =
-          std::max(run.peak_resident_during_step_bytes, memory::max_memory_allocated() - model_bytes);
-      run.resident_between_steps_bytes =
-          std::max(run.resident_between_steps_bytes, memory::memory_allocated() - model_bytes);
-    }
-    run.step_s = median(times);
+    run.resident_between_steps_bytes = memory::memory_allocated() - before;
     result.runs.push_back(run);
   }
+  for (int s = 0; s < options.warmup_steps; ++s) {
+    plain->step();
+    for (auto& swap : swaps) swap->step();
+  }
+  std::vector<double> plain_times;
+  std::vector<std::vector<double>> swap_times(swaps.size());
+  for (int s = 0; s < options.steps; ++s) {
+    plain_times.push_back(seconds([&] { plain->step(); }));
+    for (size_t i = 0; i < swaps.size(); ++i) {
+      SwapRun& run = result.runs[i];
+      // What is allocated now holds this optimizer's resident state and everything else.
+      const int64_t before = memory::memory_allocated();
+      memory::reset_peak_memory_stats();
+      swap_times[i].push_back(seconds([&] { swaps[i]->step(); }));
+      run.peak_resident_during_step_bytes =
+          std::max(run.peak_resident_during_step_bytes,
+                   memory::max_memory_allocated() - before + run.resident_between_steps_bytes);
+      run.resident_between_steps_bytes += memory::memory_allocated() - before;
+    }
+  }
+  result.plain_step_s = median(plain_times);
+  for (size_t i = 0; i < swaps.size(); ++i) result.runs[i].step_s = median(swap_times[i]);
   return result;
 }
 

@@ -14,7 +14,8 @@ namespace stowage::bench {
 struct SwapBenchOptions {
   int64_t params = 100'000'000;  // fp32 parameters in all
   int64_t tensors = 50;          // split evenly into this many tensors
-  int steps = 3;                 // timed steps per configuration (after one warm-up step)
+  int warmup_steps = 2;          // untimed steps per configuration after the first
+  int steps = 7;                 // timed steps per configuration, taken in turns
   std::vector<int64_t> swap_times = {2, 4, 16};
 };
 
@@ -30,7 +31,6 @@ struct SwapBenchResult {
   double plain_step_s = 0;
   int64_t plain_state_bytes = 0;  // device-resident optimizer state of the unwrapped AdamW
   std::vector<SwapRun> runs;
-
 };
 
 SwapBenchResult run_swap_bench(const SwapBenchOptions& options);

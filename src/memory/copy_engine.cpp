@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -51,16 +52,22 @@ bool CopyEvent::query() const {
 
 class CopyEngine::Lane {
  public:
+  // Runs just before a copy, with its destination; may throw to fail it.
+  using Fault = std::function<void(const at::Tensor& dst)>;
+
   virtual ~Lane() = default;
-  virtual void copy(const at::Tensor& dst, const at::Tensor& src) = 0;
+  virtual void copy(const at::Tensor& dst, const at::Tensor& src, Fault fault) = 0;
   virtual CopyEvent record() = 0;
   virtual void wait(const CopyEvent& event) = 0;
+  // An event after everything enqueued so far, carrying the lane's failure, which it clears.
+  virtual CopyEvent clear_failure() = 0;
 
   std::atomic<int64_t> copies{0};
   std::atomic<int64_t> bytes{0};
 };
 
-// A worker thread running the lane's tasks in FIFO order.
+// A worker thread running the lane's tasks in FIFO order. Invariant: while failure_ is
+// set, copies are skipped and markers carry it.
 class CopyEngine::ThreadLane final : public CopyEngine::Lane {
  public:
   ThreadLane() : worker_([this] { run(); }) {}
@@ -74,14 +81,15 @@ class CopyEngine::ThreadLane final : public CopyEngine::Lane {
     worker_.join();  // the worker drains the queue before it exits
   }
 
-  void copy(const at::Tensor& dst, const at::Tensor& src) override {
-    enqueue([this, dst = dst, src = src]() mutable {
-      try {
-        const c10::AutoGradMode no_grad(false);
-        dst.copy_(src);
-      } catch (...) {
-        // Later markers on this lane carry the first failure to whoever waits on them.
-        if (!failure_) failure_ = std::current_exception();
+  void copy(const at::Tensor& dst, const at::Tensor& src, Fault fault) override {
+    enqueue([this, dst = dst, src = src, fault = std::move(fault)]() mutable {
+      if (!failure_) {
+        try {
+          if (fault) fault(dst);
+          copy_now(dst, src);
+        } catch (...) {
+          failure_ = std::current_exception();
+        }
       }
       // Drop the references here, on the worker, once the copy has run.
       dst = at::Tensor();
@@ -98,10 +106,36 @@ class CopyEngine::ThreadLane final : public CopyEngine::Lane {
 
   void wait(const CopyEvent& event) override {
     if (!event.marker_) return;  // compute-side events on the CPU have already completed
-    enqueue([marker = event.marker_] { marker->wait(); });
+    enqueue([this, marker = event.marker_] {
+      marker->wait();
+      if (marker->error && !failure_) failure_ = marker->error;
+    });
+  }
+
+  CopyEvent clear_failure() override {
+    CopyEvent event;
+    event.marker_ = std::make_shared<CopyEvent::Marker>();
+    enqueue([this, marker = event.marker_] {
+      marker->complete(failure_);
+      failure_ = nullptr;
+    });
+    return event;
   }
 
  private:
+  // Same dtype, shape and contiguous layout: a plain memmove. Tensor::copy_ would start an
+  // OpenMP team on this worker thread, whose threads then compete for the cores with the
+  // compute thread's own team.
+  static void copy_now(const at::Tensor& dst, const at::Tensor& src) {
+    if (dst.scalar_type() == src.scalar_type() && dst.sizes() == src.sizes() && dst.is_contiguous() &&
+        src.is_contiguous() && dst.is_cpu() && src.is_cpu()) {
+      std::memmove(dst.data_ptr(), src.data_ptr(), dst.nbytes());
+    } else {
+      const c10::AutoGradMode no_grad(false);
+      dst.copy_(src);
+    }
+  }
+
   void enqueue(std::function<void()> task) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -142,7 +176,8 @@ class CopyEngine::StreamLane final : public CopyEngine::Lane {
 
   ~StreamLane() override { stream_.synchronize(); }
 
-  void copy(const at::Tensor& dst, const at::Tensor& src) override {
+  void copy(const at::Tensor& dst, const at::Tensor& src, Fault fault) override {
+    if (fault) fault(dst);
     const c10::StreamGuard on_lane(stream_);
     const c10::AutoGradMode no_grad(false);
     dst.copy_(src, /*non_blocking=*/true);
@@ -161,6 +196,8 @@ class CopyEngine::StreamLane final : public CopyEngine::Lane {
   void wait(const CopyEvent& event) override {
     if (event.device_event_) event.device_event_->block(stream_);
   }
+
+  CopyEvent clear_failure() override { return record(); }  // failures were thrown by copy()
 
  private:
   c10::Device device_;
@@ -203,9 +240,15 @@ void CopyEngine::copy(CopyLane which, const at::Tensor& dst, const at::Tensor& s
     throw InvalidArgument(fmt::format("CopyEngine: {} copy of {} elements into {}", name, src.numel(), dst.numel()));
   }
   Lane& target = lane(which);
-  target.copies.fetch_add(1);
+  const int64_t copy_number = target.copies.fetch_add(1);
   target.bytes.fetch_add(dst.numel() * static_cast<int64_t>(dst.element_size()));
-  target.copy(dst, src);
+  Lane::Fault fault;
+  if (fault_injector_) {
+    fault = [injector = fault_injector_, which, copy_number](const at::Tensor& target_dst) {
+      (*injector)(which, copy_number, target_dst);
+    };
+  }
+  target.copy(dst, src, std::move(fault));
 }
 
 CopyEvent CopyEngine::record(CopyLane which) { return lane(which).record(); }
@@ -240,6 +283,26 @@ void CopyEngine::synchronize(const CopyEvent& event) {
     // LibTorch 1.13's c10::Event cannot block the host; the stream it was recorded on can.
     event.stream_->synchronize();
   }
+}
+
+std::exception_ptr CopyEngine::drain() {
+  // Both lanes' markers go in first: a lane that waits for the other's events meets them
+  // before its own marker, so once both markers have completed nothing is left to run.
+  const CopyEvent h2d_done = h2d_->clear_failure();
+  const CopyEvent d2h_done = d2h_->clear_failure();
+  std::exception_ptr first;
+  for (const CopyEvent* done : {&h2d_done, &d2h_done}) {
+    try {
+      synchronize(*done);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  return first;
+}
+
+void CopyEngine::set_fault_injector(CopyFaultInjector injector) {
+  fault_injector_ = injector ? std::make_shared<const CopyFaultInjector>(std::move(injector)) : nullptr;
 }
 
 CopyStats CopyEngine::stats() const {

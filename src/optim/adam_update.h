@@ -1,8 +1,11 @@
 #pragma once
 
 // The per-parameter Adam/AdamW update, shared by every optimizer of this module. It
-// performs exactly the tensor operations of LibTorch's Adam::step and AdamW::step, in
-// the same order and with the same scalars, so that results are bit for bit equal.
+// performs exactly the tensor operations of LibTorch's Adam::step and AdamW::step, with
+// the same scalars and in the same order wherever one operation reads what another
+// writes, so that results are bit for bit equal.
+
+#include <stowage/state/optimizer_layout.h>
 
 #include <torch/optim/optimizer.h>
 
@@ -10,14 +13,9 @@
 
 namespace stowage::optim::detail {
 
-struct AdamHyperParams {
-  double lr = 0;
-  double beta1 = 0;
-  double beta2 = 0;
-  double eps = 0;
-  double weight_decay = 0;
-  bool amsgrad = false;
-  // AdamW: decay the parameter; Adam: add weight_decay * param to the gradient.
+// The options an update reads; AdamW decays the parameter, Adam adds weight_decay * param
+// to the gradient.
+struct AdamHyperParams : AdamOptionValues {
   bool decoupled_weight_decay = false;
 };
 
@@ -25,13 +23,18 @@ struct AdamHyperParams {
 AdamHyperParams adam_hyper_params(const torch::optim::OptimizerOptions& options, bool decoupled_weight_decay);
 
 // One update of `param` (in place) with the moments (in place); `step` is the count after
-// this update (1 on the first). max_exp_avg_sq is used only with amsgrad.
+// this update (1 on the first). max_exp_avg_sq is used only with amsgrad, and must then be
+// defined. The update allocates its temporaries before its first write, so that an
+// allocation failure leaves every tensor unchanged; the caller checks beforehand that
+// the gradient matches the parameter (dtype, shape, device), so that nothing after the
+// first write can fail.
 void adam_update(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
                  const at::Tensor& exp_avg_sq, const at::Tensor& max_exp_avg_sq, int64_t step,
                  const AdamHyperParams& hyper);
 
 // The MasterAdamW update: adam_update on the fp32 master with the gradient cast to fp32,
-// then the master copied (rounded) into the parameter.
+// then the master copied (rounded) into the parameter. Allocates before its first write,
+// as adam_update does.
 void master_adamw_update(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& master,
                          const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, const at::Tensor& max_exp_avg_sq,
                          int64_t step, const AdamHyperParams& hyper);

@@ -8,7 +8,11 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <fmt/format.h>
+
+#include <functional>
 #include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -17,6 +21,16 @@ namespace stowage::optim::detail {
 // Host buffer offsets (and the staging arenas' dtype ranges) are multiples of this many
 // bytes, so that every state's host and device views start aligned.
 inline constexpr int64_t kAlignmentBytes = 512;
+
+// "Float [3, 4]", for error messages.
+inline std::string describe(const at::Tensor& t) {
+  return fmt::format("{} [{}]", c10::toString(t.scalar_type()), fmt::join(t.sizes(), ", "));
+}
+
+// Test seam, like memory::CopyEngine's fault injector: `injector` runs before the update
+// of each parameter (given its index across groups) that has a gradient; throwing from it
+// fails that update before it changes anything, as an allocation failure would.
+void set_update_fault_injector(SwapOptimizer& optimizer, std::function<void(int64_t param_index)> injector);
 
 // One state tensor of a parameter.
 struct UnitSlot {

@@ -13,10 +13,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 #include <set>
+#include <type_traits>
 
 namespace stowage::optim {
 
+using detail::describe;
 using detail::Family;
 using detail::SlotRequest;
 using detail::Source;
@@ -226,6 +229,10 @@ void SwapOptimizer::ensure_host_layout(std::vector<SlotRequest> requests) {
       fresh->buffers[dtype] = memory::allocate_host({numel}, dtype, host_options);
     }
   }
+  // The holders change only once every copy has succeeded, so that a failure leaves the
+  // states where they were.
+  std::vector<at::Tensor> hosts;
+  bool downloads = false;
   for (size_t i = 0; i < requests.size(); ++i) {
     SlotRequest& request = requests[i];
     const int64_t numel = c10::multiply_integers(request.shape);
@@ -239,15 +246,29 @@ void SwapOptimizer::ensure_host_layout(std::vector<SlotRequest> requests) {
         host.copy_(request.from);
         break;
       case Source::kDeviceCopy:
-        engine_->copy(CopyLane::kDeviceToHost, host, request.from);
+        try {
+          engine_->copy(CopyLane::kDeviceToHost, host, request.from);
+        } catch (...) {
+          engine_->drain();
+          throw;
+        }
+        downloads = true;
         break;
     }
-    *request.holder = host;
-    fresh->index[{request.param, request.slot}] = fresh->entries.size();
-    fresh->entries.push_back({request.param, request.slot, host, offsets[i]});
+    hosts.push_back(std::move(host));
+  }
+  if (downloads) {
+    // Blocking here (construction, a first step, a load, the step after a failed download)
+    // is what lets a failed download leave the states where they were.
+    if (const std::exception_ptr failure = engine_->drain()) std::rethrow_exception(failure);
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    *requests[i].holder = hosts[i];
+    fresh->index[{requests[i].param, requests[i].slot}] = fresh->entries.size();
+    fresh->entries.push_back({requests[i].param, requests[i].slot, hosts[i], offsets[i]});
   }
   layout_ = std::move(fresh);
-  host_ready_ = engine_->record(CopyLane::kDeviceToHost);
+  host_ready_ = CopyEvent();  // the downloads, if any, are done
 }
 
 // ------------------------------------------------------------------------ step
@@ -259,25 +280,45 @@ at::Tensor SwapOptimizer::step(torch::optim::Optimizer::LossClosure closure) {
   }
   torch::NoGradGuard no_grad;
   auto& groups = optimizer_->param_groups();
-  // Everything is checked before anything changes.
+  auto& states = optimizer_->state();
+  // Everything that can be checked is checked before anything changes, so that no update
+  // can fail on its inputs once the first one has run.
   for (size_t g = 0; g < groups.size(); ++g) {
+    const bool amsgrad = amsgrad_of(family_, groups[g].options());
     const auto& params = groups[g].params();
     for (size_t p = 0; p < params.size(); ++p) {
-      const at::Tensor& grad = params[p].grad();
-      if (grad.defined() && grad.is_sparse()) {
+      const at::Tensor& param = params[p];
+      const at::Tensor& grad = param.grad();
+      if (!grad.defined()) continue;
+      if (grad.is_sparse()) {
         throw InvalidArgument(fmt::format(
             "Swap optimizer only supports dense Adam/AdamW gradients; parameter {} of param group {} has a sparse "
             "gradient.",
             p, g));
+      }
+      if (grad.scalar_type() != param.scalar_type() || grad.sizes() != param.sizes() ||
+          grad.device() != param.device()) {
+        throw InvalidArgument(fmt::format(
+            "Swap optimizer: the gradient of parameter {} of param group {} is {} on {}, but the parameter is {} on "
+            "{}.",
+            p, g, describe(grad), grad.device().str(), describe(param), param.device().str()));
+      }
+      torch::optim::OptimizerParamState* state = detail::find_state(states, param);
+      if (amsgrad && state != nullptr &&
+          !detail::state_ref(family_, *state).tensors[detail::kMaxExpAvgSqSlot]->defined()) {
+        throw InvalidArgument(fmt::format(
+            "Swap optimizer: param group {} has amsgrad on but parameter {} has no max_exp_avg_sq state (amsgrad was "
+            "enabled after its state was created).",
+            g, p));
       }
     }
   }
 
   // First-step states, as the wrapped optimizer would create them. Those to be swapped
   // start in the host layout (zeros, or the parameter for a master weight) and never take
-  // device memory between steps.
-  auto& states = optimizer_->state();
+  // device memory between steps. If the layout cannot be built, they are removed again.
   std::vector<std::pair<const void*, int>> pending;
+  std::vector<typename std::decay_t<decltype(states)>::key_type> created;
   for (auto& group : groups) {
     const bool amsgrad = amsgrad_of(family_, group.options());
     for (const at::Tensor& param : group.params()) {
@@ -295,12 +336,16 @@ at::Tensor SwapOptimizer::step(torch::optim::Optimizer::LossClosure closure) {
           *ref.tensors[slot] = at::zeros_like(param, param.options().dtype(dtype), at::MemoryFormat::Preserve);
         }
       }
-      states[detail::state_key(states, param)] = std::move(state);
+      created.push_back(detail::state_key(states, param));
+      states[created.back()] = std::move(state);
     }
   }
-  {
+  try {
     std::vector<Unit> units = collect_units();
     ensure_host_layout(requests_for(units, pending));
+  } catch (...) {
+    for (const auto& key : created) states.erase(key);
+    throw;
   }
 
   // Packed mode moves contiguous host ranges, so it carries the states of parameters
@@ -326,20 +371,84 @@ at::Tensor SwapOptimizer::step(torch::optim::Optimizer::LossClosure closure) {
   return {};
 }
 
+// Updates one parameter, or (on an exception) changes nothing: the update allocates
+// before it writes, and step() has checked its inputs. The step count moves only once the
+// update is done.
 void SwapOptimizer::update_unit(Unit& unit, const std::vector<at::Tensor>& tensors) {
   if (!unit.has_grad) return;
   const auto& options = optimizer_->param_groups()[unit.group].options();
   const detail::AdamHyperParams hyper = detail::adam_hyper_params(options, family_ != Family::kAdam);
-  *unit.state.step += 1;
+  if (update_fault_) update_fault_(unit.index);
+  const int64_t step = *unit.state.step + 1;
   const at::Tensor& grad = unit.param.grad();
   if (family_ == Family::kMasterAdamW) {
     detail::master_adamw_update(unit.param, grad, tensors[detail::kMasterParamSlot], tensors[detail::kExpAvgSlot],
-                                tensors[detail::kExpAvgSqSlot], tensors[detail::kMaxExpAvgSqSlot], *unit.state.step,
-                                hyper);
+                                tensors[detail::kExpAvgSqSlot], tensors[detail::kMaxExpAvgSqSlot], step, hyper);
   } else {
     detail::adam_update(unit.param, grad, tensors[detail::kExpAvgSlot], tensors[detail::kExpAvgSqSlot],
-                        tensors[detail::kMaxExpAvgSqSlot], *unit.state.step, hyper);
+                        tensors[detail::kMaxExpAvgSqSlot], step, hyper);
   }
+  *unit.state.step = step;
+}
+
+// After a failure inside a pipeline: the units before `processed` (in unit order) were
+// updated, none after. `downloaded(b)` tells whether batch b's states reached the host
+// buffers; `redownload(b)` copies them there again and waits; `keep_on_device(b)` points
+// batch b's holders at device copies of its states instead. A batch with an updated unit
+// whose download did not succeed goes through the second and, if that fails too, the
+// third, so that every parameter's state matches it. Then the cause is rethrown, with
+// what happened.
+void SwapOptimizer::recover_from_failure(std::exception_ptr cause, const std::vector<Unit>& units,
+                                         const std::vector<size_t>& first_unit, size_t processed,
+                                         const std::function<bool(int64_t)>& downloaded,
+                                         const std::function<void(int64_t)>& redownload,
+                                         const std::function<void(int64_t)>& keep_on_device) {
+  // No copy may still run into the arenas or staged tensors, which are freed on return.
+  engine_->drain();
+  host_ready_ = CopyEvent();
+  const int64_t batches = static_cast<int64_t>(first_unit.size()) - 1;
+  std::vector<int64_t> redone;
+  std::vector<int64_t> kept;
+  for (int64_t b = 0; b < batches && first_unit[b] < processed; ++b) {
+    if (downloaded(b)) continue;
+    try {
+      redownload(b);
+      redone.push_back(b);
+    } catch (...) {
+      engine_->drain();
+      keep_on_device(b);
+      kept.push_back(b);
+    }
+  }
+
+  std::string what = "an exception that is no std::exception";
+  try {
+    std::rethrow_exception(cause);
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+  }
+  std::string outcome;
+  if (processed == units.size()) {
+    outcome = "every parameter was updated";
+  } else {
+    const auto batch = std::upper_bound(first_unit.begin(), first_unit.end(), processed) - first_unit.begin() - 1;
+    outcome = fmt::format("the update stopped in batch {} of {}: ", batch, batches);
+    outcome += processed == 0 ? std::string("no parameter was updated")
+                              : fmt::format("parameters {} to {} were updated (those with a gradient), {} to {} "
+                                            "were not",
+                                            units.front().index, units[processed - 1].index, units[processed].index,
+                                            units.back().index);
+  }
+  if (!redone.empty()) {
+    outcome += fmt::format("; the states of batch(es) {} were downloaded again", fmt::join(redone, ", "));
+  }
+  if (!kept.empty()) {
+    outcome += fmt::format("; the states of batch(es) {} could not be downloaded and stay on the device until the "
+                           "next step",
+                           fmt::join(kept, ", "));
+  }
+  throw Error(fmt::format("Swap optimizer step failed: {} ({}; every state matches its parameter)", what, outcome));
 }
 
 // Packed pipeline. Each batch's swapped states of one dtype form one contiguous range of
@@ -349,7 +458,8 @@ void SwapOptimizer::update_unit(Unit& unit, const std::vector<at::Tensor>& tenso
 //   the download lane waits for that compute, then downloads b;
 //   the upload lane waits for that download, then uploads b + 2 into the same arena.
 // So at most two batches are on the device, and batch b's compute overlaps the download
-// of b - 1 and the upload of b + 1.
+// of b - 1 and the upload of b + 1. If a download fails, the upload lane fails on waiting
+// for it, so the arena keeps the batch's updated states for recover_from_failure.
 void SwapOptimizer::run_packed(std::vector<Unit>& units, const std::vector<int64_t>& batch_sizes) {
   const int64_t batches = static_cast<int64_t>(batch_sizes.size());
   if (batches == 0) return;
@@ -409,50 +519,83 @@ void SwapOptimizer::run_packed(std::vector<Unit>& units, const std::vector<int64
     const Range& range = ranges[b].at(dtype);
     return layout_->buffers.at(dtype).narrow(0, range.start, range.end - range.start);
   };
-
-  std::vector<CopyEvent> uploaded(batches);
-  // Per arena and dtype: the last download out of that range, which an upload into it waits for.
-  std::vector<std::map<c10::ScalarType, CopyEvent>> arena_free(arena_count);
-  engine_->wait(CopyLane::kHostToDevice, host_ready_);  // the host buffers hold the previous step's downloads
-  engine_->wait(CopyLane::kHostToDevice, engine_->record_compute());  // the arenas were allocated on the compute side
-  auto upload = [&](int64_t b) {
-    for (const auto& [dtype, range] : ranges[b]) {
-      engine_->wait(CopyLane::kHostToDevice, arena_free[b % 2][dtype]);
-      engine_->copy(CopyLane::kHostToDevice, arena_view(b, dtype), host_range(b, dtype));
-    }
-    uploaded[b] = engine_->record(CopyLane::kHostToDevice);
+  auto state_view = [&](int64_t b, const UnitSlot& slot) {
+    const c10::ScalarType dtype = slot.holder->scalar_type();
+    return arena_view(b, dtype)
+        .narrow(0, slot.host_offset - ranges[b].at(dtype).start, slot.holder->numel())
+        .view(slot.holder->sizes());
   };
 
-  upload(0);
-  if (batches > 1) upload(1);
-  for (int64_t b = 0; b < batches; ++b) {
-    engine_->wait_compute(uploaded[b]);
-    for (size_t u = first_unit[b]; u < first_unit[b + 1]; ++u) {
-      std::vector<at::Tensor> tensors(detail::kSlotCount);
-      for (const UnitSlot& slot : units[u].slots) {
-        if (slot.swapped) {
-          const c10::ScalarType dtype = slot.holder->scalar_type();
-          tensors[slot.slot] = arena_view(b, dtype)
-                                   .narrow(0, slot.host_offset - ranges[b].at(dtype).start, slot.holder->numel())
-                                   .view(slot.holder->sizes());
-        } else {
-          tensors[slot.slot] = *slot.holder;
-        }
+  std::vector<CopyEvent> uploaded(batches);
+  // Per batch and dtype: the download out of the arena, once enqueued.
+  std::vector<std::map<c10::ScalarType, CopyEvent>> downloaded(batches);
+  // Per arena and dtype: the last download out of that range, which an upload into it waits for.
+  std::vector<std::map<c10::ScalarType, CopyEvent>> arena_free(arena_count);
+  size_t processed = 0;  // the units before this one are updated
+  try {
+    engine_->wait(CopyLane::kHostToDevice, host_ready_);  // the host buffers hold the previous step's downloads
+    engine_->wait(CopyLane::kHostToDevice, engine_->record_compute());  // the arenas were allocated on the compute side
+    auto upload = [&](int64_t b) {
+      for (const auto& [dtype, range] : ranges[b]) {
+        engine_->wait(CopyLane::kHostToDevice, arena_free[b % 2][dtype]);
+        engine_->copy(CopyLane::kHostToDevice, arena_view(b, dtype), host_range(b, dtype));
       }
-      update_unit(units[u], tensors);
+      uploaded[b] = engine_->record(CopyLane::kHostToDevice);
+    };
+
+    upload(0);
+    if (batches > 1) upload(1);
+    for (int64_t b = 0; b < batches; ++b) {
+      engine_->wait_compute(uploaded[b]);
+      for (size_t u = first_unit[b]; u < first_unit[b + 1]; ++u) {
+        std::vector<at::Tensor> tensors(detail::kSlotCount);
+        for (const UnitSlot& slot : units[u].slots) {
+          tensors[slot.slot] = slot.swapped ? state_view(b, slot) : *slot.holder;
+        }
+        update_unit(units[u], tensors);
+        processed = u + 1;
+      }
+      engine_->wait(CopyLane::kDeviceToHost, engine_->record_compute());
+      for (const auto& [dtype, range] : ranges[b]) {
+        engine_->copy(CopyLane::kDeviceToHost, host_range(b, dtype), arena_view(b, dtype));
+        downloaded[b][dtype] = arena_free[b % 2][dtype] = engine_->record(CopyLane::kDeviceToHost);
+      }
+      if (b + 2 < batches) upload(b + 2);
     }
-    engine_->wait(CopyLane::kDeviceToHost, engine_->record_compute());
-    for (const auto& [dtype, range] : ranges[b]) {
-      engine_->copy(CopyLane::kDeviceToHost, host_range(b, dtype), arena_view(b, dtype));
-      arena_free[b % 2][dtype] = engine_->record(CopyLane::kDeviceToHost);
-    }
-    if (b + 2 < batches) upload(b + 2);
+    host_ready_ = engine_->record(CopyLane::kDeviceToHost);
+    // The arenas are released when this returns, so the compute side waits for the last
+    // download out of them. On a device with streams this is a stream wait; on the CPU it
+    // blocks, and step() returns with every state on the host.
+    engine_->wait_compute(host_ready_);
+  } catch (...) {
+    recover_from_failure(
+        std::current_exception(), units, first_unit, processed,
+        [&](int64_t b) {
+          for (const auto& [dtype, range] : ranges[b]) {
+            const auto it = downloaded[b].find(dtype);
+            if (it == downloaded[b].end()) return false;
+            try {
+              engine_->synchronize(it->second);
+            } catch (...) {
+              return false;
+            }
+          }
+          return true;
+        },
+        [&](int64_t b) {
+          for (const auto& [dtype, range] : ranges[b]) {
+            engine_->copy(CopyLane::kDeviceToHost, host_range(b, dtype), arena_view(b, dtype));
+          }
+          engine_->synchronize(engine_->record(CopyLane::kDeviceToHost));
+        },
+        [&](int64_t b) {
+          for (size_t u = first_unit[b]; u < first_unit[b + 1]; ++u) {
+            for (const UnitSlot& slot : units[u].slots) {
+              if (slot.swapped) *slot.holder = state_view(b, slot).clone();
+            }
+          }
+        });
   }
-  host_ready_ = engine_->record(CopyLane::kDeviceToHost);
-  // The arenas are released when this returns, so the compute side waits for the last
-  // download out of them. On a device with streams this is a stream wait; on the CPU it
-  // blocks, and step() returns with every state on the host.
-  engine_->wait_compute(host_ready_);
 }
 
 // Per-tensor pipeline: each swapped state gets its own device tensor for the batch, with
@@ -468,40 +611,8 @@ void SwapOptimizer::run_per_tensor(std::vector<Unit>& units, const std::vector<i
   // staged[b][u - first_unit[b]][slot]: the device tensor of a swapped state.
   std::vector<std::vector<std::vector<at::Tensor>>> staged(batches);
   std::vector<CopyEvent> uploaded(batches);
-  std::vector<CopyEvent> downloaded(batches);
-  engine_->wait(CopyLane::kHostToDevice, host_ready_);  // the host buffers hold the previous step's downloads
-  auto upload = [&](int64_t b) {
-    staged[b].resize(batch_sizes[b]);
-    for (size_t u = first_unit[b]; u < first_unit[b + 1]; ++u) {
-      auto& tensors = staged[b][u - first_unit[b]];
-      tensors.resize(detail::kSlotCount);
-      for (const UnitSlot& slot : units[u].slots) {
-        if (slot.swapped) tensors[slot.slot] = at::empty_like(*slot.holder, slot.holder->options().device(device_));
-      }
-    }
-    engine_->wait(CopyLane::kHostToDevice, engine_->record_compute());  // allocated on the compute side
-    for (size_t u = first_unit[b]; u < first_unit[b + 1]; ++u) {
-      for (const UnitSlot& slot : units[u].slots) {
-        if (slot.swapped) {
-          engine_->copy(CopyLane::kHostToDevice, staged[b][u - first_unit[b]][slot.slot], *slot.holder);
-        }
-      }
-    }
-    uploaded[b] = engine_->record(CopyLane::kHostToDevice);
-  };
-
-  upload(0);
-  if (batches > 1) upload(1);
-  for (int64_t b = 0; b < batches; ++b) {
-    engine_->wait_compute(uploaded[b]);
-    for (size_t u = first_unit[b]; u < first_unit[b + 1]; ++u) {
-      std::vector<at::Tensor> tensors = staged[b][u - first_unit[b]];
-      for (const UnitSlot& slot : units[u].slots) {
-        if (!slot.swapped) tensors[slot.slot] = *slot.holder;
-      }
-      update_unit(units[u], tensors);
-    }
-    engine_->wait(CopyLane::kDeviceToHost, engine_->record_compute());
+  std::vector<c10::optional<CopyEvent>> downloaded(batches);  // once enqueued
+  auto download = [&](int64_t b) {
     for (size_t u = first_unit[b]; u < first_unit[b + 1]; ++u) {
       for (const UnitSlot& slot : units[u].slots) {
         if (slot.swapped) {
@@ -509,15 +620,84 @@ void SwapOptimizer::run_per_tensor(std::vector<Unit>& units, const std::vector<i
         }
       }
     }
-    downloaded[b] = engine_->record(CopyLane::kDeviceToHost);
-    if (b >= 1) {
-      engine_->wait_compute(downloaded[b - 1]);  // a stream wait, or on the CPU a block
-      staged[b - 1].clear();
-      if (b + 1 < batches) upload(b + 1);
+    return engine_->record(CopyLane::kDeviceToHost);
+  };
+  size_t processed = 0;  // the units before this one are updated
+  try {
+    engine_->wait(CopyLane::kHostToDevice, host_ready_);  // the host buffers hold the previous step's downloads
+    auto upload = [&](int64_t b) {
+      staged[b].resize(batch_sizes[b]);
+      for (size_t u = first_unit[b]; u < first_unit[b + 1]; ++u) {
+        auto& tensors = staged[b][u - first_unit[b]];
+        tensors.resize(detail::kSlotCount);
+        for (const UnitSlot& slot : units[u].slots) {
+          if (slot.swapped) tensors[slot.slot] = at::empty_like(*slot.holder, slot.holder->options().device(device_));
+        }
+      }
+      engine_->wait(CopyLane::kHostToDevice, engine_->record_compute());  // allocated on the compute side
+      for (size_t u = first_unit[b]; u < first_unit[b + 1]; ++u) {
+        for (const UnitSlot& slot : units[u].slots) {
+          if (slot.swapped) {
+            engine_->copy(CopyLane::kHostToDevice, staged[b][u - first_unit[b]][slot.slot], *slot.holder);
+          }
+        }
+      }
+      uploaded[b] = engine_->record(CopyLane::kHostToDevice);
+    };
+
+    upload(0);
+    if (batches > 1) upload(1);
+    for (int64_t b = 0; b < batches; ++b) {
+      engine_->wait_compute(uploaded[b]);
+      for (size_t u = first_unit[b]; u < first_unit[b + 1]; ++u) {
+        std::vector<at::Tensor> tensors = staged[b][u - first_unit[b]];
+        for (const UnitSlot& slot : units[u].slots) {
+          if (!slot.swapped) tensors[slot.slot] = *slot.holder;
+        }
+        update_unit(units[u], tensors);
+        processed = u + 1;
+      }
+      engine_->wait(CopyLane::kDeviceToHost, engine_->record_compute());
+      downloaded[b] = download(b);
+      if (b >= 1) {
+        engine_->wait_compute(*downloaded[b - 1]);  // a stream wait, or on the CPU a block
+        staged[b - 1].clear();
+        if (b + 1 < batches) upload(b + 1);
+      }
     }
+    host_ready_ = *downloaded[batches - 1];
+    engine_->wait_compute(host_ready_);  // as in run_packed: the staged tensors are released on return
+  } catch (...) {
+    // A batch whose staged tensors are gone was downloaded (its download was waited for).
+    recover_from_failure(
+        std::current_exception(), units, first_unit, processed,
+        [&](int64_t b) {
+          if (staged[b].empty()) return true;
+          if (!downloaded[b]) return false;
+          try {
+            engine_->synchronize(*downloaded[b]);
+          } catch (...) {
+            return false;
+          }
+          return true;
+        },
+        [&](int64_t b) { engine_->synchronize(download(b)); },
+        [&](int64_t b) {
+          for (size_t u = first_unit[b]; u < first_unit[b + 1]; ++u) {
+            for (const UnitSlot& slot : units[u].slots) {
+              if (slot.swapped) *slot.holder = staged[b][u - first_unit[b]][slot.slot];
+            }
+          }
+        });
   }
-  host_ready_ = downloaded[batches - 1];
-  engine_->wait_compute(host_ready_);  // as in run_packed: the staged tensors are released on return
 }
+
+namespace detail {
+
+void set_update_fault_injector(SwapOptimizer& optimizer, std::function<void(int64_t param_index)> injector) {
+  optimizer.update_fault_ = std::move(injector);
+}
+
+}  // namespace detail
 
 }  // namespace stowage::optim

@@ -1,4 +1,5 @@
 #include <stowage/error.h>
+#include <stowage/state/optimizer_layout.h>
 #include <stowage/state/stateful.h>
 
 #include <torch/nn/module.h>
@@ -18,41 +19,6 @@ namespace {
 
 std::string tensor_desc(const at::Tensor& t) {
   return fmt::format("{} [{}]", c10::toString(t.scalar_type()), fmt::join(t.sizes(), ", "));
-}
-
-c10::IValue require(const c10::impl::GenericDict& dict, const std::string& key, const std::string& where) {
-  const auto it = dict.find(key);
-  if (it == dict.end()) {
-    throw InvalidArgument(fmt::format("{}: missing entry '{}'", where, key));
-  }
-  return it->value();
-}
-
-double require_double(const c10::impl::GenericDict& dict, const std::string& key, const std::string& where) {
-  const c10::IValue v = require(dict, key, where);
-  if (!v.isDouble() && !v.isInt()) {
-    throw InvalidArgument(fmt::format("{}: entry '{}' must be a number, got {}", where, key, v.tagKind()));
-  }
-  return v.isDouble() ? v.toDouble() : static_cast<double>(v.toInt());
-}
-
-bool require_bool(const c10::impl::GenericDict& dict, const std::string& key, const std::string& where) {
-  const c10::IValue v = require(dict, key, where);
-  if (!v.isBool()) {
-    throw InvalidArgument(fmt::format("{}: entry '{}' must be a bool, got {}", where, key, v.tagKind()));
-  }
-  return v.toBool();
-}
-
-c10::impl::GenericDict require_dict(const c10::IValue& v, const std::string& where) {
-  if (!v.isGenericDict()) {
-    throw InvalidArgument(fmt::format("{} must be a dict, got {}", where, v.tagKind()));
-  }
-  return v.toGenericDict();
-}
-
-c10::impl::GenericDict new_dict() {
-  return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
 }
 
 // ------------------------------------------------------ optimizer state layouts
@@ -105,26 +71,14 @@ OptimizerKind adam_like(const char* name) {
   kind.has_step = true;
   kind.write_options = [](const torch::optim::OptimizerOptions& base, c10::impl::GenericDict& out) {
     const auto& o = static_cast<const Options&>(base);
-    out.insert("lr", o.lr());
-    out.insert("betas", c10::List<double>({std::get<0>(o.betas()), std::get<1>(o.betas())}));
-    out.insert("eps", o.eps());
-    out.insert("weight_decay", o.weight_decay());
-    out.insert("amsgrad", o.amsgrad());
+    write_adam_options({o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(), o.amsgrad()},
+                       out);
   };
   kind.read_options = [](const c10::impl::GenericDict& in, const std::string& where) {
-    const double lr = require_double(in, "lr", where);
-    const c10::IValue betas = require(in, "betas", where);
-    if (!betas.isDoubleList() || betas.toDoubleList().size() != 2) {
-      throw InvalidArgument(fmt::format("{}: entry 'betas' must be a list of two doubles", where));
-    }
-    const double beta1 = betas.toDoubleList().get(0);
-    const double beta2 = betas.toDoubleList().get(1);
-    const double eps = require_double(in, "eps", where);
-    const double weight_decay = require_double(in, "weight_decay", where);
-    const bool amsgrad = require_bool(in, "amsgrad", where);
+    const AdamOptionValues v = read_adam_options(in, where);
     return std::function<void(torch::optim::OptimizerOptions&)>([=](torch::optim::OptimizerOptions& base) {
       auto& o = static_cast<Options&>(base);
-      o.lr(lr).betas(std::make_tuple(beta1, beta2)).eps(eps).weight_decay(weight_decay).amsgrad(amsgrad);
+      o.lr(v.lr).betas(std::make_tuple(v.beta1, v.beta2)).eps(v.eps).weight_decay(v.weight_decay).amsgrad(v.amsgrad);
     });
   };
   kind.read_state = [](const torch::optim::OptimizerParamState& base) {
@@ -159,10 +113,10 @@ OptimizerKind sgd() {
     out.insert("nesterov", o.nesterov());
   };
   kind.read_options = [](const c10::impl::GenericDict& in, const std::string& where) {
-    const double lr = require_double(in, "lr", where);
-    const double momentum = require_double(in, "momentum", where);
-    const double dampening = require_double(in, "dampening", where);
-    const double weight_decay = require_double(in, "weight_decay", where);
+    const double lr = require_number(in, "lr", where);
+    const double momentum = require_number(in, "momentum", where);
+    const double dampening = require_number(in, "dampening", where);
+    const double weight_decay = require_number(in, "weight_decay", where);
     const bool nesterov = require_bool(in, "nesterov", where);
     return std::function<void(torch::optim::OptimizerOptions&)>([=](torch::optim::OptimizerOptions& base) {
       static_cast<torch::optim::SGDOptions&>(base).lr(lr).momentum(momentum).dampening(dampening)
@@ -288,97 +242,39 @@ OptimizerState::OptimizerState(std::shared_ptr<torch::optim::Optimizer> optimize
 StateDict OptimizerState::state_dict() {
   const OptimizerKind& kind = kind_of(*optimizer_);
   auto& states = optimizer_->state();
-  auto per_param = new_dict();
-  c10::impl::GenericList groups(c10::AnyType::get());
-  int64_t index = 0;
-  for (const auto& group : optimizer_->param_groups()) {
-    auto group_dict = new_dict();
-    kind.write_options(group.options(), group_dict);
-    c10::List<int64_t> ids;
-    for (const at::Tensor& param : group.params()) {
-      const auto it = states.find(state_key(states, param));
-      if (it != states.end()) {
-        const ParamStateView view = kind.read_state(*it->second);
-        auto entry = new_dict();
-        if (view.step) entry.insert("step", *view.step);
-        for (const auto& [key, tensor] : view.tensors) {
-          if (tensor.defined()) entry.insert(key, tensor);
-        }
-        per_param.insert(std::to_string(index), entry);
-      }
-      ids.push_back(index++);
-    }
-    group_dict.insert("params", ids);
-    groups.push_back(group_dict);
-  }
-  StateDict state;
-  state.insert("state", per_param);
-  state.insert("param_groups", groups);
-  return state;
+  return write_optimizer_layout(*optimizer_, kind.write_options,
+                                [&](const at::Tensor& param, c10::impl::GenericDict& entry) {
+                                  const auto it = states.find(state_key(states, param));
+                                  if (it == states.end()) return false;
+                                  const ParamStateView view = kind.read_state(*it->second);
+                                  if (view.step) entry.insert("step", *view.step);
+                                  for (const auto& [key, tensor] : view.tensors) {
+                                    if (tensor.defined()) entry.insert(key, tensor);
+                                  }
+                                  return true;
+                                });
 }
 
 void OptimizerState::load_state_dict(const StateDict& state) {
   const OptimizerKind& kind = kind_of(*optimizer_);
-  const std::string where = fmt::format("{} load_state_dict", kind.name);
-  if (!state.contains("state") || !state.contains("param_groups")) {
-    throw InvalidArgument(where + ": expected entries 'state' and 'param_groups'");
-  }
-  const auto per_param = require_dict(state.at("state"), where + ": 'state'");
-  const c10::IValue groups_value = state.at("param_groups");
-  if (!groups_value.isList()) {
-    throw InvalidArgument(where + ": 'param_groups' must be a list");
-  }
-  const auto groups = groups_value.toList();
-  auto& param_groups = optimizer_->param_groups();
-  if (groups.size() != param_groups.size()) {
-    throw InvalidArgument(fmt::format("{}: the state has {} param groups, the optimizer {}", where, groups.size(),
-                                      param_groups.size()));
-  }
+  const OptimizerLayout layout =
+      read_optimizer_layout(state, *optimizer_, fmt::format("{} load_state_dict", kind.name));
 
   // Validate everything and prepare the changes, then apply them all.
-  std::vector<at::Tensor> params;
   std::vector<std::function<void(torch::optim::OptimizerOptions&)>> apply_options;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    const std::string group_where = fmt::format("{}: param_groups.{}", where, g);
-    const auto group = require_dict(groups.get(g), group_where);
-    const c10::IValue ids = require(group, "params", group_where);
-    const size_t expected = param_groups[g].params().size();
-    if (!ids.isIntList() || ids.toIntList().size() != expected) {
-      throw InvalidArgument(fmt::format("{}: 'params' must list {} parameter ids", group_where, expected));
-    }
-    apply_options.push_back(kind.read_options(group, group_where));
-    for (const at::Tensor& p : param_groups[g].params()) params.push_back(p);
+  for (const OptimizerLayout::Group& group : layout.groups) {
+    apply_options.push_back(kind.read_options(group.options, group.where));
   }
-  std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> new_states(params.size());
-  for (const auto& item : per_param) {
-    const std::string id = item.key().toStringRef();
-    const std::string param_where = fmt::format("{}: state.{}", where, id);
-    size_t index = 0;
-    try {
-      size_t used = 0;
-      index = std::stoull(id, &used);
-      if (used != id.size()) throw std::invalid_argument(id);
-    } catch (const std::exception&) {
-      throw InvalidArgument(param_where + ": the key is not a parameter id");
-    }
-    if (index >= params.size()) {
-      throw InvalidArgument(fmt::format("{}: there are only {} parameters", param_where, params.size()));
-    }
-    const at::Tensor& param = params[index];
-    const auto entry = require_dict(item.value(), param_where);
+  std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> new_states(layout.params.size());
+  for (const OptimizerLayout::Entry& entry : layout.entries) {
+    const at::Tensor& param = layout.params[entry.param];
     ParamStateView view;
-    if (kind.has_step) {
-      const c10::IValue step = require(entry, "step", param_where);
-      if (!step.isInt()) {
-        throw InvalidArgument(fmt::format("{}: 'step' must be an int, got {}", param_where, step.tagKind()));
-      }
-      view.step = step.toInt();
-    }
+    if (kind.has_step) view.step = require_int(entry.fields, "step", entry.where);
     for (const char* key : kind.tensor_keys) {
-      const auto it = entry.find(key);
-      if (it == entry.end()) continue;
+      const auto it = entry.fields.find(key);
+      if (it == entry.fields.end()) continue;
       if (!it->value().isTensor() || it->value().toTensor().sizes() != param.sizes()) {
-        throw InvalidArgument(fmt::format("{}.{}: expected a tensor of shape [{}], got {}", param_where, key,
+        throw InvalidArgument(fmt::format("{}.{}: expected a tensor of shape [{}], got {}", entry.where, key,
                                           fmt::join(param.sizes(), ", "),
                                           it->value().isTensor() ? tensor_desc(it->value().toTensor())
                                                                  : it->value().tagKind()));
@@ -386,26 +282,27 @@ void OptimizerState::load_state_dict(const StateDict& state) {
       view.tensors.emplace_back(key, it->value().toTensor().to(param.device(), param.scalar_type(),
                                                                /*non_blocking=*/false, /*copy=*/true));
     }
-    for (const auto& field : entry) {
+    for (const auto& field : entry.fields) {
       const std::string& key = field.key().toStringRef();
       const bool known = (kind.has_step && key == "step") ||
                          std::any_of(kind.tensor_keys.begin(), kind.tensor_keys.end(),
                                      [&](const char* k) { return key == k; });
       if (!known) {
-        throw InvalidArgument(fmt::format("{}: unexpected entry '{}' for {}", param_where, key, kind.name));
+        throw InvalidArgument(fmt::format("{}: unexpected entry '{}' for {}", entry.where, key, kind.name));
       }
     }
-    new_states[index] = kind.make_state(view);
+    new_states[entry.param] = kind.make_state(view);
   }
 
   auto& states = optimizer_->state();
   states.clear();
-  for (size_t i = 0; i < params.size(); ++i) {
+  for (size_t i = 0; i < layout.params.size(); ++i) {
     if (new_states[i]) {
-      states[state_key(states, params[i])] = std::move(new_states[i]);
+      states[state_key(states, layout.params[i])] = std::move(new_states[i]);
     }
   }
-  for (size_t g = 0; g < groups.size(); ++g) {
+  auto& param_groups = optimizer_->param_groups();
+  for (size_t g = 0; g < param_groups.size(); ++g) {
     apply_options[g](param_groups[g].options());
   }
 }

@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <stdexcept>
+#include <vector>
+
 namespace stowage::memory {
 namespace {
 
@@ -105,6 +108,75 @@ TEST(CopyEngine, KeepsTheTensorsOfAPendingCopyAlive) {
   engine.copy(CopyLane::kHostToDevice, dst, torch::full({1 << 20}, 5.0f));  // the source is a temporary
   engine.synchronize(engine.record(CopyLane::kHostToDevice));
   EXPECT_TRUE(torch::equal(dst, torch::full({1 << 20}, 5.0f)));
+}
+
+
+// Fails the copy numbered `failing` on `lane` after writing -1 into its destination.
+void fail_copy(CopyEngine& engine, CopyLane lane, int64_t failing) {
+  engine.set_fault_injector([=](CopyLane at, int64_t number, const at::Tensor& dst) {
+    if (at != lane || number != failing) return;
+    dst.fill_(-1);
+    throw std::runtime_error("injected fault");
+  });
+}
+
+TEST(CopyEngine, AnInjectedFaultFailsItsCopyAndTheLaneUntilDrained) {
+  CopyEngine engine(kDevice);
+  fail_copy(engine, CopyLane::kHostToDevice, 1);
+  std::vector<torch::Tensor> dst;
+  for (int i = 0; i < 3; ++i) {
+    dst.push_back(torch::zeros({1024}));
+    engine.copy(CopyLane::kHostToDevice, dst.back(), torch::full({1024}, float(i + 1)));
+  }
+  const CopyEvent after = engine.record(CopyLane::kHostToDevice);
+  try {
+    engine.synchronize(after);
+    ADD_FAILURE() << "no failure surfaced";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "injected fault");
+  }
+  EXPECT_TRUE(torch::equal(dst[0], torch::full({1024}, 1.0f)));   // before the fault: done
+  EXPECT_TRUE(torch::equal(dst[1], torch::full({1024}, -1.0f)));  // the fault's partial write
+  EXPECT_TRUE(torch::equal(dst[2], torch::zeros({1024})));        // after it: skipped
+  EXPECT_THROW(engine.synchronize(engine.record(CopyLane::kHostToDevice)), std::runtime_error);
+
+  engine.set_fault_injector(nullptr);
+  const std::exception_ptr cleared = engine.drain();
+  ASSERT_NE(cleared, nullptr);
+  EXPECT_THROW(std::rethrow_exception(cleared), std::runtime_error);
+  EXPECT_EQ(engine.drain(), nullptr);  // cleared once
+  engine.copy(CopyLane::kHostToDevice, dst[2], torch::full({1024}, 7.0f));
+  EXPECT_NO_THROW(engine.synchronize(engine.record(CopyLane::kHostToDevice)));
+  EXPECT_TRUE(torch::equal(dst[2], torch::full({1024}, 7.0f)));
+}
+
+TEST(CopyEngine, ALaneThatWaitsForAFailedCopyFailsToo) {
+  CopyEngine engine(kDevice);
+  fail_copy(engine, CopyLane::kDeviceToHost, 0);
+  auto host = torch::zeros({1024});
+  engine.copy(CopyLane::kDeviceToHost, host, torch::ones({1024}));
+  const CopyEvent download = engine.record(CopyLane::kDeviceToHost);
+  // An upload that must not overwrite the device tensor before the download has read it.
+  auto on_device = torch::full({1024}, 5.0f);
+  engine.wait(CopyLane::kHostToDevice, download);
+  engine.copy(CopyLane::kHostToDevice, on_device, torch::full({1024}, 9.0f));
+  EXPECT_THROW(engine.synchronize(engine.record(CopyLane::kHostToDevice)), std::runtime_error);
+  EXPECT_TRUE(torch::equal(on_device, torch::full({1024}, 5.0f)));  // skipped
+  EXPECT_NE(engine.drain(), nullptr);
+  EXPECT_EQ(engine.stats().h2d_copies, 1);
+  EXPECT_EQ(engine.stats().d2h_copies, 1);
+}
+
+TEST(CopyEngine, CopiesWithoutACastAreExact) {
+  CopyEngine engine(kDevice);
+  auto src = torch::randn({3, 1000}, torch::kDouble);
+  auto dst = torch::empty({3, 1000}, torch::kDouble);
+  auto strided = torch::empty({1000, 3}, torch::kDouble).t();  // not contiguous: copy_ path
+  engine.copy(CopyLane::kHostToDevice, dst, src);
+  engine.copy(CopyLane::kHostToDevice, strided, src);
+  engine.synchronize(engine.record(CopyLane::kHostToDevice));
+  EXPECT_TRUE(torch::equal(dst, src));
+  EXPECT_TRUE(torch::equal(strided, src));
 }
 
 }  // namespace

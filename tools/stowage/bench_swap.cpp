@@ -12,7 +12,8 @@ void add_bench_swap(CLI::App& bench) {
   CLI::App* cmd = bench.add_subcommand("swap", "Optimizer-state swap: plain AdamW vs swap_times 2, 4, 16");
   cmd->add_option("--params", options->params, "fp32 parameters in all (default 100M)");
   cmd->add_option("--tensors", options->tensors, "number of parameter tensors (default 50)");
-  cmd->add_option("--steps", options->steps, "timed steps per configuration (default 3)");
+  cmd->add_option("--warmup-steps", options->warmup_steps, "untimed steps per configuration (default 2)");
+  cmd->add_option("--steps", options->steps, "timed steps per configuration, taken in turns (default 7)");
   cmd->add_flag("--json", *json, "print the figures as JSON");
   cmd->callback([options, json] {
     const bench::SwapBenchResult result = bench::run_swap_bench(*options);

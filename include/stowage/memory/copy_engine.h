@@ -16,6 +16,13 @@
 //  - after wait(lane, event), later work on `lane` starts only once `event` has completed;
 //  - the engine keeps the tensors of a copy alive until the copy has run, and the device
 //    allocator does not hand out a device tensor's memory again while a lane uses it.
+//
+// Failures. A copy that fails on a CPU lane (when it runs) fails its lane: the lane skips
+// its later copies, and every event recorded on it afterwards carries the failure, which
+// synchronize() rethrows. A lane that waits for an event carrying a failure fails too, so
+// work that depends on a failed copy never runs on what it left behind. On a stream lane
+// a copy that cannot be enqueued makes copy() throw. drain() waits for everything
+// enqueued and clears the failures, after which the engine works as new.
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -24,6 +31,8 @@
 #include <c10/util/Optional.h>
 
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <memory>
 
 namespace stowage::memory {
@@ -52,6 +61,13 @@ struct CopyStats {
   int64_t d2h_copies = 0;
   int64_t d2h_bytes = 0;
 };
+
+// Test seam, in the manner of LevelDB's fault-injecting Env: called for every copy just
+// before it runs (on a CPU lane, on the lane's worker; on a stream lane, when enqueued),
+// with its lane and its number on that lane (0 for the lane's first copy). Throwing from
+// it fails that copy as a failed transfer would; it may write to `dst` first, to leave a
+// partly written destination behind.
+using CopyFaultInjector = std::function<void(CopyLane lane, int64_t copy_number, const at::Tensor& dst)>;
 
 class CopyEngine {
  public:
@@ -83,8 +99,17 @@ class CopyEngine {
   // copy that ran before the event on its lane.
   void synchronize(const CopyEvent& event);
 
+  // Blocks until everything enqueued on both lanes has run, then clears the lanes'
+  // failures (events recorded from now on are clean). Returns the first failure it
+  // cleared, or null.
+  std::exception_ptr drain();
+
   // Copies enqueued since construction, per direction.
   CopyStats stats() const;
+
+  // Installs (or, with an empty function, removes) a fault injector for the copies
+  // enqueued from now on. Not for concurrent use with copy().
+  void set_fault_injector(CopyFaultInjector injector);
 
  private:
   class Lane;
@@ -95,6 +120,7 @@ class CopyEngine {
   c10::Device device_;
   std::unique_ptr<Lane> h2d_;
   std::unique_ptr<Lane> d2h_;
+  std::shared_ptr<const CopyFaultInjector> fault_injector_;
 };
 
 }  // namespace stowage::memory

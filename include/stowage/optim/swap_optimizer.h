@@ -18,6 +18,30 @@
 //
 // The wrapped optimizer keeps owning the parameter groups and the state objects; its
 // swappable state tensors are the host buffers. Drive steps through the wrapper only.
+//
+// Failures in step():
+//  - Strong guarantee for bad input: a closure, a sparse gradient, a gradient whose dtype,
+//    shape or device differs from its parameter's, amsgrad without a max_exp_avg_sq state.
+//    These are checked before anything changes; stowage::InvalidArgument names the
+//    parameter and its param group. So is a failure while the first-step states are laid
+//    out on the host (e.g. a failed download of states created before wrapping).
+//  - Once the updates have begun, a failure (a copy that fails, an update that throws,
+//    e.g. for lack of memory) ends the step early with this guarantee: each parameter is
+//    either updated (with its states and step count) or left as it was, the updated ones
+//    being those with a gradient among a prefix of the parameters in group order; every
+//    state on the host matches its parameter. For that, the states of an updated batch
+//    whose download failed are downloaded again from the arena (which the failed download
+//    keeps from being reused); if that fails too, they stay on the device, still matching,
+//    until the next step moves them back. That needs memory for a device copy of the
+//    batch's states: without it, the allocation failure escapes and they are lost. Each
+//    parameter's update allocates before it writes, so an update that throws leaves its
+//    parameter unchanged.
+//  - Either way, step() returns only once no copy is running, the staging memory is
+//    released, and the copy engine is usable; the exception (stowage::Error) gives the
+//    cause, the batch where the update stopped and which parameters were updated.
+//  So after a failure the optimizer is where the wrapped optimizer would be had the
+//  parameters that were not updated had no gradient, and the next step() goes on from
+//  there.
 
 #include <stowage/memory/copy_engine.h>
 #include <stowage/optim/swap_config.h>
@@ -25,15 +49,21 @@
 
 #include <torch/optim/optimizer.h>
 
+#include <cstdint>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <vector>
 
 namespace stowage::optim {
 
+class SwapOptimizer;
+
 namespace detail {
 enum class Family;
 struct Unit;
 struct SlotRequest;
+void set_update_fault_injector(SwapOptimizer& optimizer, std::function<void(int64_t param_index)> injector);
 }  // namespace detail
 
 class SwapOptimizer final : public Stateful {
@@ -53,6 +83,8 @@ class SwapOptimizer final : public Stateful {
   const SwapOptimizerConfig& config() const { return config_; }
   // Copies made by the swap since construction.
   memory::CopyStats copy_stats() const { return engine_->stats(); }
+  // The engine that moves the states (e.g. to install a fault injector in a test).
+  memory::CopyEngine& copy_engine() { return *engine_; }
 
   // The state in stowage::OptimizerState's layout:
   //   {"state": {"<i>": {"step": int, "exp_avg": T, ...}}, "param_groups": [...]}
@@ -75,6 +107,13 @@ class SwapOptimizer final : public Stateful {
   void run_packed(std::vector<detail::Unit>& units, const std::vector<int64_t>& batch_sizes);
   void run_per_tensor(std::vector<detail::Unit>& units, const std::vector<int64_t>& batch_sizes);
   void update_unit(detail::Unit& unit, const std::vector<at::Tensor>& tensors);
+  [[noreturn]] void recover_from_failure(std::exception_ptr cause, const std::vector<detail::Unit>& units,
+                                         const std::vector<size_t>& first_unit, size_t processed,
+                                         const std::function<bool(int64_t)>& downloaded,
+                                         const std::function<void(int64_t)>& redownload,
+                                         const std::function<void(int64_t)>& keep_on_device);
+  friend void detail::set_update_fault_injector(SwapOptimizer& optimizer,
+                                                std::function<void(int64_t param_index)> injector);
 
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   SwapOptimizerConfig config_;
@@ -86,6 +125,7 @@ class SwapOptimizer final : public Stateful {
   // Completes when the last download into the host buffers has; the host buffers must not
   // be read or rewritten on the CPU, nor uploaded, before it.
   memory::CopyEvent host_ready_;
+  std::function<void(int64_t)> update_fault_;  // see detail::set_update_fault_injector
 };
 
 // Wraps a torch::optim::Adam, torch::optim::AdamW or stowage::optim::MasterAdamW.

@@ -1,0 +1,233 @@
+// Faults inside the swap optimizer's step: copies that fail (through the copy engine's
+// fault injector) and updates that throw (through the update fault injector), at several
+// batch positions. After each: the exception names the cause, nothing is left running or
+// allocated, every state matches its parameter, and the optimizer goes on exactly as a
+// plain AdamW that skipped the parameters which were not updated.
+
+#include <stowage/error.h>
+#include <stowage/memory/accounting.h>
+
+#include "optim/swap_internal.h"
+#include "optim/swap_test_util.h"
+
+#include <gmock/gmock.h>
+
+#include <algorithm>
+#include <limits>
+#include <stdexcept>
+
+namespace stowage::optim {
+namespace {
+
+using ::testing::HasSubstr;
+using memory::CopyLane;
+using testing::clone_params;
+using testing::expect_params_equal;
+using testing::expect_state_dicts_equal;
+using testing::make_params;
+using testing::plain_state_dict;
+using testing::set_grads;
+
+constexpr int64_t kNumel = 2048;  // above min_numel: swapped
+constexpr size_t kParams = 8;
+constexpr int64_t kSwapTimes = 4;  // equal sizes: batch b holds parameters 2b and 2b + 1
+constexpr size_t kPerBatch = kParams / kSwapTimes;
+constexpr int kStepsBefore = 2;
+
+std::shared_ptr<torch::optim::AdamW> adamw(const std::vector<torch::Tensor>& params) {
+  return std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+}
+
+// A swap optimizer and a plain AdamW that have taken the same steps.
+struct Pair {
+  explicit Pair(bool packed)
+      : params(make_params(testing::Shapes(kParams, {kNumel}))), plain_params(clone_params(params)) {
+    swap = swap_optimizer(adamw(params), SwapOptimizerConfig().swap_times(kSwapTimes).packed_swap(packed));
+    plain = adamw(plain_params);
+    for (int step = 0; step < kStepsBefore; ++step) this->step(step);
+  }
+  void step(int step) {
+    set_grads(params, step);
+    set_grads(plain_params, step);
+    swap->step();
+    plain->step();
+  }
+  // The parameters whose step count has reached `count`, in order.
+  std::vector<size_t> stepped_to(int64_t count) {
+    std::vector<size_t> out;
+    const auto state = swap->state_dict().at("state").toGenericDict();
+    for (size_t i = 0; i < kParams; ++i) {
+      if (state.at(std::to_string(i)).toGenericDict().at("step").toInt() == count) out.push_back(i);
+    }
+    return out;
+  }
+  void expect_matches_plain() {
+    expect_params_equal(plain_params, params);
+    expect_state_dicts_equal(plain_state_dict(plain), swap->state_dict());
+  }
+
+  std::vector<torch::Tensor> params;
+  std::vector<torch::Tensor> plain_params;
+  c10::intrusive_ptr<SwapOptimizer> swap;
+  std::shared_ptr<torch::optim::AdamW> plain;
+};
+
+// Fails copies number `first` to `last` (counted from the start of the step) on `lane`,
+// after writing NaN over the first half of the destination.
+void inject_copy_faults(SwapOptimizer& swap, CopyLane lane, int64_t first, int64_t last) {
+  const memory::CopyStats base = swap.copy_stats();
+  const int64_t offset = lane == CopyLane::kHostToDevice ? base.h2d_copies : base.d2h_copies;
+  swap.copy_engine().set_fault_injector([=](CopyLane at, int64_t number, const at::Tensor& dst) {
+    if (at != lane || number - offset < first || number - offset > last) return;
+    dst.view(-1).narrow(0, 0, dst.numel() / 2).fill_(std::numeric_limits<float>::quiet_NaN());
+    throw std::runtime_error("injected copy fault");
+  });
+}
+
+struct Outcome {
+  std::string message;
+  int64_t bytes_before = 0;  // device memory before the failed step
+  int64_t leaked_bytes = 0;  // device memory after the failed step, minus before it
+};
+
+Outcome failing_step(Pair& pair, int step) {
+  set_grads(pair.params, step);
+  Outcome outcome;
+  outcome.bytes_before = memory::memory_allocated();
+  try {
+    pair.swap->step();
+    ADD_FAILURE() << "step() did not throw";
+  } catch (const Error& e) {
+    outcome.message = e.what();
+  }
+  outcome.leaked_bytes = memory::memory_allocated() - outcome.bytes_before;
+  pair.swap->copy_engine().set_fault_injector(nullptr);
+  detail::set_update_fault_injector(*pair.swap, nullptr);
+  // Nothing is left running or failed in the engine.
+  EXPECT_EQ(pair.swap->copy_engine().drain(), nullptr);
+  return outcome;
+}
+
+// The plain AdamW takes the failed step with gradients for `updated` only, then both go
+// on normally; they must agree after each step, and the swap must be back to holding no
+// state on the device.
+void expect_consistent_after(Pair& pair, int step, const std::vector<size_t>& updated, const Outcome& outcome) {
+  set_grads(pair.plain_params, step, [&](size_t i, int) {
+    return std::find(updated.begin(), updated.end(), i) != updated.end();
+  });
+  pair.plain->step();
+  pair.expect_matches_plain();
+  pair.step(step + 1);
+  EXPECT_EQ(memory::memory_allocated(), outcome.bytes_before);
+  pair.expect_matches_plain();
+  pair.step(step + 2);
+  pair.expect_matches_plain();
+}
+
+std::vector<size_t> first_params(size_t count) {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < std::min(count, kParams); ++i) out.push_back(i);
+  return out;
+}
+
+class SwapFaults : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { memory::enable_accounting(); }
+  bool packed() const { return GetParam(); }
+  // Copies per batch per direction: one per dtype packed, one per state per tensor.
+  int64_t copies_per_batch() const { return packed() ? 1 : 2 * kPerBatch; }
+};
+
+TEST_P(SwapFaults, AFailedUploadStopsTheStepBeforeItsBatch) {
+  for (int64_t batch = 0; batch < kSwapTimes; ++batch) {
+    SCOPED_TRACE("upload of batch " + std::to_string(batch));
+    Pair pair(packed());
+    const int64_t copy = batch * copies_per_batch() + (packed() ? 0 : 1);
+    inject_copy_faults(*pair.swap, CopyLane::kHostToDevice, copy, copy);
+    const Outcome outcome = failing_step(pair, kStepsBefore);
+    EXPECT_THAT(outcome.message, HasSubstr("injected copy fault"));
+    EXPECT_THAT(outcome.message, HasSubstr(fmt::format("stopped in batch {} of {}", batch, kSwapTimes)));
+    EXPECT_EQ(outcome.leaked_bytes, 0);
+    const std::vector<size_t> updated = first_params(batch * kPerBatch);
+    EXPECT_EQ(pair.stepped_to(kStepsBefore + 1), updated);
+    expect_consistent_after(pair, kStepsBefore, updated, outcome);
+  }
+}
+
+// A failed download fails the upload lane when it waits for it (packed: the upload of
+// batch + 2 into the same arena; per tensor: the compute side waits for it one batch
+// later), so the updates stop two batches on, and the failed batches are downloaded again.
+TEST_P(SwapFaults, AFailedDownloadIsDoneAgainFromTheDevice) {
+  for (int64_t batch = 0; batch < kSwapTimes; ++batch) {
+    SCOPED_TRACE("download of batch " + std::to_string(batch));
+    Pair pair(packed());
+    const int64_t copy = batch * copies_per_batch() + (packed() ? 0 : 2);
+    inject_copy_faults(*pair.swap, CopyLane::kDeviceToHost, copy, copy);
+    const Outcome outcome = failing_step(pair, kStepsBefore);
+    EXPECT_THAT(outcome.message, HasSubstr("injected copy fault"));
+    EXPECT_THAT(outcome.message, HasSubstr("were downloaded again"));
+    EXPECT_EQ(outcome.leaked_bytes, 0);
+    const std::vector<size_t> updated = first_params((batch + 2) * kPerBatch);
+    EXPECT_EQ(pair.stepped_to(kStepsBefore + 1), updated);
+    expect_consistent_after(pair, kStepsBefore, updated, outcome);
+  }
+}
+
+TEST_P(SwapFaults, StatesThatCannotBeDownloadedStayOnTheDeviceUntilTheNextStep) {
+  Pair pair(packed());
+  // Every download from the second batch's on fails, the retries too.
+  inject_copy_faults(*pair.swap, CopyLane::kDeviceToHost, copies_per_batch(), 1000);
+  const Outcome outcome = failing_step(pair, kStepsBefore);
+  EXPECT_THAT(outcome.message, HasSubstr("could not be downloaded and stay on the device"));
+  // Batches 1 and 2 (updated; batch 3's upload waited for batch 1's download).
+  EXPECT_EQ(outcome.leaked_bytes, 2 * kPerBatch * 2 * kNumel * 4);
+  const std::vector<size_t> updated = first_params(3 * kPerBatch);
+  EXPECT_EQ(pair.stepped_to(kStepsBefore + 1), updated);
+  expect_consistent_after(pair, kStepsBefore, updated, outcome);  // the next step moves them to the host
+}
+
+TEST_P(SwapFaults, AnUpdateThatThrowsLeavesItsParameterAndTheRestUnchanged) {
+  for (const int64_t failing : {0, 3, 4, 7}) {
+    SCOPED_TRACE("update of parameter " + std::to_string(failing));
+    Pair pair(packed());
+    detail::set_update_fault_injector(*pair.swap, [failing](int64_t index) {
+      if (index == failing) throw std::runtime_error("injected update fault");
+    });
+    const Outcome outcome = failing_step(pair, kStepsBefore);
+    EXPECT_THAT(outcome.message, HasSubstr("injected update fault"));
+    EXPECT_THAT(outcome.message,
+                HasSubstr(fmt::format("stopped in batch {} of {}", failing / int64_t(kPerBatch), kSwapTimes)));
+    EXPECT_EQ(outcome.leaked_bytes, 0);
+    const std::vector<size_t> updated = first_params(failing);
+    EXPECT_EQ(pair.stepped_to(kStepsBefore + 1), updated);
+    expect_consistent_after(pair, kStepsBefore, updated, outcome);
+  }
+}
+
+TEST_P(SwapFaults, AMismatchedGradientIsRejectedBeforeAnythingChanges) {
+  Pair pair(packed());
+  for (const auto& bad : {torch::randn({kNumel}, torch::kDouble), torch::randn({kNumel / 2})}) {
+    set_grads(pair.params, kStepsBefore);
+    pair.params[5].mutable_grad() = bad;
+    const memory::CopyStats copies = pair.swap->copy_stats();
+    try {
+      pair.swap->step();
+      ADD_FAILURE() << "step() did not throw";
+    } catch (const InvalidArgument& e) {
+      EXPECT_THAT(e.what(), HasSubstr("gradient of parameter 5 of param group 0"));
+    }
+    EXPECT_EQ(pair.swap->copy_stats().h2d_copies, copies.h2d_copies);
+    EXPECT_EQ(pair.stepped_to(kStepsBefore), first_params(kParams));
+  }
+  pair.expect_matches_plain();  // nothing changed
+  pair.step(kStepsBefore);
+  pair.expect_matches_plain();
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, SwapFaults, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Packed" : "PerTensor";
+                         });
+
+}  // namespace
+}  // namespace stowage::optim
