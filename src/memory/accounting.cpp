@@ -7,6 +7,9 @@
 
 #include <atomic>
 #include <mutex>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 #if defined(STOWAGE_WITH_CUDA)
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -16,7 +19,9 @@ namespace stowage::memory {
 namespace {
 
 // Wraps c10's CPU allocator. Each allocation carries a header holding its size, so
-// that both DataPtr deleters and raw_deallocate can account for the free.
+// that both DataPtr deleters and raw_deallocate can account for the free. Invariant:
+// current_ counts live bytes only; cached blocks are counted in cached_ alone, and
+// cached_ <= cache_limit_ whenever cache_mutex_ is free.
 class TrackingAllocator final : public c10::Allocator {
  public:
   explicit TrackingAllocator(c10::Allocator* inner) : inner_(inner) {}
@@ -29,9 +34,23 @@ class TrackingAllocator final : public c10::Allocator {
   c10::DeleterFnPtr raw_deleter() const override { return &TrackingAllocator::deallocate_raw; }
 
   MemoryStats stats() const {
-    return {current_.load(), peak_.load(), allocations_.load(), allocated_.load()};
+    std::lock_guard<std::mutex> lock(cache_mutex_);
+    return {current_.load(), peak_.load(), allocations_.load(), allocated_.load(), cached_};
   }
   void reset_peak() { peak_.store(current_.load()); }
+
+  void set_cache_limit(int64_t limit) {
+    std::lock_guard<std::mutex> lock(cache_mutex_);
+    cache_limit_ = limit;
+    trim_locked();
+  }
+
+  void empty_cache() {
+    std::lock_guard<std::mutex> lock(cache_mutex_);
+    const int64_t limit = std::exchange(cache_limit_, 0);
+    trim_locked();
+    cache_limit_ = limit;
+  }
 
  private:
   // 64 bytes keeps the alignment c10's allocator guarantees (gAlignment).
@@ -42,7 +61,8 @@ class TrackingAllocator final : public c10::Allocator {
   };
 
   void* allocate_raw(size_t nbytes) const {
-    void* base = inner_->raw_allocate(nbytes + kHeader);
+    void* base = take_cached(nbytes);
+    if (base == nullptr) base = inner_->raw_allocate(nbytes + kHeader);
     auto* header = static_cast<Header*>(base);
     header->nbytes = nbytes;
     header->owner = const_cast<TrackingAllocator*>(this);
@@ -63,7 +83,41 @@ class TrackingAllocator final : public c10::Allocator {
     const auto* header = static_cast<Header*>(base);
     TrackingAllocator* owner = header->owner;
     owner->current_.fetch_sub(static_cast<int64_t>(header->nbytes));
-    owner->inner_->raw_deallocate(base);
+    if (!owner->keep_cached(base, header->nbytes)) owner->inner_->raw_deallocate(base);
+  }
+
+  // A cached block of exactly `nbytes`, or nullptr.
+  void* take_cached(size_t nbytes) const {
+    if (static_cast<int64_t>(nbytes) < kMinCachedBlockBytes) return nullptr;
+    std::lock_guard<std::mutex> lock(cache_mutex_);
+    const auto it = cache_.find(nbytes);
+    if (it == cache_.end() || it->second.empty()) return nullptr;
+    void* base = it->second.back();
+    it->second.pop_back();
+    cached_ -= static_cast<int64_t>(nbytes);
+    return base;
+  }
+
+  // Whether the released block `base` went into the cache.
+  bool keep_cached(void* base, size_t nbytes) {
+    if (static_cast<int64_t>(nbytes) < kMinCachedBlockBytes) return false;
+    std::lock_guard<std::mutex> lock(cache_mutex_);
+    if (cached_ + static_cast<int64_t>(nbytes) > cache_limit_) return false;
+    cache_[nbytes].push_back(base);
+    cached_ += static_cast<int64_t>(nbytes);
+    return true;
+  }
+
+  // Releases cached blocks until cached_ <= cache_limit_; needs cache_mutex_.
+  void trim_locked() {
+    for (auto it = cache_.begin(); it != cache_.end() && cached_ > cache_limit_;) {
+      while (!it->second.empty() && cached_ > cache_limit_) {
+        inner_->raw_deallocate(it->second.back());
+        it->second.pop_back();
+        cached_ -= static_cast<int64_t>(it->first);
+      }
+      it = it->second.empty() ? cache_.erase(it) : std::next(it);
+    }
   }
 
   c10::Allocator* inner_;
@@ -71,6 +125,11 @@ class TrackingAllocator final : public c10::Allocator {
   mutable std::atomic<int64_t> peak_{0};
   mutable std::atomic<int64_t> allocations_{0};
   mutable std::atomic<int64_t> allocated_{0};
+
+  mutable std::mutex cache_mutex_;  // guards the three below
+  mutable std::unordered_map<size_t, std::vector<void*>> cache_;  // by the blocks' nbytes
+  mutable int64_t cached_ = 0;
+  int64_t cache_limit_ = 0;
 };
 
 TrackingAllocator& cpu_tracker() {
@@ -91,6 +150,15 @@ TrackingAllocator& cpu_tracker() {
 }  // namespace
 
 void enable_accounting() { cpu_tracker(); }
+
+void set_cpu_cache_limit(int64_t limit_bytes) {
+  if (limit_bytes < 0) {
+    throw InvalidArgument(fmt::format("set_cpu_cache_limit: the limit must be >= 0 bytes, got {}", limit_bytes));
+  }
+  cpu_tracker().set_cache_limit(limit_bytes);
+}
+
+void empty_cpu_cache() { cpu_tracker().empty_cache(); }
 
 MemoryStats memory_stats(c10::Device device) {
   if (device.is_cpu()) {

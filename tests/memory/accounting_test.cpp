@@ -1,3 +1,4 @@
+#include <stowage/error.h>
 #include <stowage/memory/accounting.h>
 #include <stowage/memory/host_buffer.h>
 
@@ -39,6 +40,36 @@ TEST(Accounting, PeakTracksTheHighestPointAcrossThreads) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(memory_allocated(), base);
   EXPECT_GE(max_memory_allocated() - base, 256 * 256 * 4);
+}
+
+TEST(Accounting, CachedBlocksAreReusedWithinTheLimitAndNotCountedAsAllocated) {
+  enable_accounting();
+  set_cpu_cache_limit(6 << 20);
+  const int64_t before = memory_allocated();
+  const int64_t cached_before = memory_stats().cached_bytes;
+  void* first = nullptr;
+  {
+    auto a = torch::empty({1 << 20}, torch::kFloat);
+    auto b = torch::empty({1 << 20}, torch::kFloat);
+    first = a.data_ptr();
+    a = torch::Tensor();  // 4 MiB: cached
+  }                       // b: 4 MiB more would pass the limit, released
+  EXPECT_EQ(memory_allocated(), before);
+  EXPECT_EQ(memory_stats().cached_bytes - cached_before, 4 << 20);
+  {
+    auto again = torch::empty({1 << 20}, torch::kFloat);
+    EXPECT_EQ(again.data_ptr(), first);  // the cached block, taken again
+    EXPECT_EQ(memory_allocated() - before, 4 << 20);
+    EXPECT_EQ(memory_stats().cached_bytes, cached_before);
+    auto other_size = torch::empty({(1 << 20) + 16}, torch::kFloat);
+    EXPECT_NE(other_size.data_ptr(), first);
+  }
+  empty_cpu_cache();
+  EXPECT_EQ(memory_stats().cached_bytes, 0);
+  set_cpu_cache_limit(0);
+  { auto released = torch::empty({1 << 20}, torch::kFloat); }
+  EXPECT_EQ(memory_stats().cached_bytes, 0);
+  EXPECT_THROW(set_cpu_cache_limit(-1), InvalidArgument);
 }
 
 TEST(HostBuffer, ExactSizeAndCountedApartFromTheAllocator) {

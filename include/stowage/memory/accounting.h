@@ -9,6 +9,11 @@
 // CPU-allocator allocations and are counted apart, in host_buffer_stats(): on a
 // CPU-only build this keeps "device" memory (the tensors a model computes with) and
 // host staging memory distinguishable.
+//
+// The CPU allocator can also cache large blocks (set_cpu_cache_limit), as CUDA's caching
+// allocator does for device memory: a buffer allocated and released every step (the swap
+// optimizer's arenas, an update's temporaries) is then taken again without the page
+// faults of fresh memory, while memory_allocated() still drops when it is released.
 
 #include <c10/core/Device.h>
 
@@ -21,6 +26,7 @@ struct MemoryStats {
   int64_t peak_bytes = 0;        // most live bytes since the last reset_peak
   int64_t allocations = 0;       // allocation calls since accounting started
   int64_t allocated_bytes = 0;   // bytes requested since accounting started
+  int64_t cached_bytes = 0;      // released blocks kept for reuse, not in current_bytes
 };
 
 // Starts CPU accounting if it has not started. Thread-safe and idempotent.
@@ -35,5 +41,14 @@ inline int64_t max_memory_allocated(c10::Device device = c10::kCPU) {
 }
 // Sets the peak to the current value.
 void reset_peak_memory_stats(c10::Device device = c10::kCPU);
+
+// Lets the CPU allocator keep released blocks of at least kMinCachedBlockBytes, up to
+// `limit_bytes` in all, and hand them to later allocations of exactly their size (a
+// block that does not fit under the limit is released as before). 0, the default,
+// caches nothing; lowering the limit releases what exceeds it. Starts accounting.
+inline constexpr int64_t kMinCachedBlockBytes = int64_t(1) << 20;
+void set_cpu_cache_limit(int64_t limit_bytes);
+// Returns every cached CPU block to the system (like torch.cuda.empty_cache).
+void empty_cpu_cache();
 
 }  // namespace stowage::memory
