@@ -34,7 +34,10 @@ SwapBenchResult run_swap_bench(const SwapBenchOptions& options) {
         "bench swap: need 0 < tensors ({}) <= params ({}), steps ({}) > 0 and warmup_steps ({}) >= 0",
         options.tensors, options.params, options.steps, options.warmup_steps));
   }
-  memory::enable_accounting();
+  if (options.cpu_cache_bytes < 0) {
+    throw InvalidArgument(fmt::format("bench swap: cpu_cache_bytes must be >= 0, got {}", options.cpu_cache_bytes));
+  }
+  memory::set_cpu_cache_limit(options.cpu_cache_bytes);
   torch::NoGradGuard no_grad;
   torch::manual_seed(0);
   std::vector<torch::Tensor> params;
@@ -46,6 +49,7 @@ SwapBenchResult run_swap_bench(const SwapBenchOptions& options) {
   }
   SwapBenchResult result;
   result.params = options.params;
+  result.cpu_cache_bytes = options.cpu_cache_bytes;
   const auto adamw = [&] { return std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-3)); };
 
   // Every optimizer lives for the whole run, and the timed steps go round-robin (plain,
@@ -91,6 +95,9 @@ SwapBenchResult run_swap_bench(const SwapBenchOptions& options) {
   }
   result.plain_step_s = median(plain_times);
   for (size_t i = 0; i < swaps.size(); ++i) result.runs[i].step_s = median(swap_times[i]);
+  plain.reset();
+  swaps.clear();
+  memory::set_cpu_cache_limit(0);
   return result;
 }
 
@@ -105,12 +112,14 @@ nlohmann::json to_json(const SwapBenchResult& result) {
   return {{"params", result.params},
           {"plain_step_s", result.plain_step_s},
           {"plain_state_bytes", result.plain_state_bytes},
+          {"cpu_cache_bytes", result.cpu_cache_bytes},
           {"runs", runs_json}};
 }
 
 std::string to_text(const SwapBenchResult& result) {
-  std::string out = fmt::format("AdamW on {} fp32 parameters: plain step {:.3f} s, device-resident state {:.1f} MiB\n",
-                                result.params, result.plain_step_s, result.plain_state_bytes / 1048576.0);
+  std::string out = fmt::format(
+      "AdamW on {} fp32 parameters: plain step {:.3f} s, device-resident state {:.1f} MiB (CPU block cache {} MiB)\n",
+      result.params, result.plain_step_s, result.plain_state_bytes / 1048576.0, result.cpu_cache_bytes >> 20);
   out += fmt::format("{:>10} {:>9} {:>11} {:>14} {:>15} {:>13}\n", "swap_times", "step_s", "step/plain",
                      "between (B)", "peak (MiB)", "peak/limit");
   for (const SwapRun& run : result.runs) {

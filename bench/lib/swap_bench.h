@@ -17,6 +17,9 @@ struct SwapBenchOptions {
   int warmup_steps = 2;          // untimed steps per configuration after the first
   int steps = 7;                 // timed steps per configuration, taken in turns
   std::vector<int64_t> swap_times = {2, 4, 16};
+  // The CPU allocator's block cache during the run (memory::set_cpu_cache_limit), the
+  // counterpart of a device's caching allocator; 0: none, every arena is fresh memory.
+  int64_t cpu_cache_bytes = int64_t(2) << 30;
 };
 
 struct SwapRun {
@@ -30,6 +33,7 @@ struct SwapBenchResult {
   int64_t params = 0;
   double plain_step_s = 0;
   int64_t plain_state_bytes = 0;  // device-resident optimizer state of the unwrapped AdamW
+  int64_t cpu_cache_bytes = 0;
   std::vector<SwapRun> runs;
 };
 

@@ -14,8 +14,13 @@ void add_bench_swap(CLI::App& bench) {
   cmd->add_option("--tensors", options->tensors, "number of parameter tensors (default 50)");
   cmd->add_option("--warmup-steps", options->warmup_steps, "untimed steps per configuration (default 2)");
   cmd->add_option("--steps", options->steps, "timed steps per configuration, taken in turns (default 7)");
+  auto cache_mib = std::make_shared<int64_t>(options->cpu_cache_bytes >> 20);
+  cmd->add_option("--cpu-cache-mib", *cache_mib,
+                  "CPU allocator block cache, like a device's caching allocator (0: none; default 2048)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--json", *json, "print the figures as JSON");
-  cmd->callback([options, json] {
+  cmd->callback([options, json, cache_mib] {
+    options->cpu_cache_bytes = *cache_mib << 20;
     const bench::SwapBenchResult result = bench::run_swap_bench(*options);
     fmt::print("{}\n", *json ? to_json(result).dump(2) : to_text(result));
   });
