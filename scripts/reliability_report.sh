@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Regenerates the figures of docs/reliability.md: runs the reliability suite with the
-# long-mode counts, the fuzzers and the sanitizer suites, and rewrites the table between
-# the "figures" markers.
+# long-mode counts (crash trials, corruption, full disk, real EIO), the fuzzers, every
+# suite under ASan + UBSan and the threaded suites under TSan, and rewrites the table
+# between the "figures" markers.
 #   bash scripts/reliability_report.sh [--quick]
 # --quick uses the CI counts (24 crash trials, 240 corruption trials, 30 s of fuzzing).
 set -euo pipefail
@@ -19,11 +20,17 @@ STOWAGE_CRASH_TRIALS=$crash STOWAGE_CORRUPTION_TRIALS=$corruption "$build/tests/
 echo "reliability.suite_seconds $(( $(date +%s) - start ))" >>"$figures"
 bash "$root/scripts/fuzz.sh" "$fuzz_seconds"
 unset STOWAGE_RELIABILITY_FIGURES
+asan_suites=(dcp state memory optim reliability activation) tsan_suites=(memory dcp optim)
 sanitized=0
-for suite in dcp state memory optim reliability; do
+for suite in "${asan_suites[@]}"; do
   if bash "$root/scripts/sanitize.sh" "$suite" >&2; then sanitized=$((sanitized + 1)); fi
 done
-echo "sanitize.address_undefined.suites_passed $sanitized of 5" >>"$figures"
+echo "sanitize.address_undefined.suites_passed $sanitized of ${#asan_suites[@]}" >>"$figures"
+sanitized=0
+for suite in "${tsan_suites[@]}"; do
+  if STOWAGE_SANITIZE=thread bash "$root/scripts/sanitize.sh" "$suite" >&2; then sanitized=$((sanitized + 1)); fi
+done
+echo "sanitize.thread.suites_passed $sanitized of ${#tsan_suites[@]}" >>"$figures"
 
 table=$(mktemp)
 {

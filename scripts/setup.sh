@@ -9,6 +9,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libxxhash-dev
   clang-14 libclang-rt-14-dev  # the fuzzers (scripts/fuzz.sh): libFuzzer, ASan, UBSan
+  e2fsprogs  # mkfs.ext4 for the EIO tests (tests/reliability/io_error_test.cpp)
 )
 
 missing=()

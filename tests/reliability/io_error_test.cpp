@@ -1,0 +1,331 @@
+// A real EIO from the kernel: an ext4 file system on a loop device whose device is then
+// shrunk below the file system's free space (the backing file truncated, the loop
+// capacity re-read). Blocks the file system allocates from then on lie past the end of
+// the device, so their writeback fails and fsync returns EIO; clean pages dropped from
+// the cache read back with EIO. Saves must fail with the cause and the file, leave the
+// committed checkpoint and the directory as they were, and leak nothing; a load must
+// fail the same way and leave its target untouched.
+
+#include "dcp/test_util.h"
+#include "reliability/generations.h"
+#include "reliability/report.h"
+
+#include <stowage/error.h>
+#include <stowage/memory/host_buffer.h>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <linux/loop.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+namespace stowage::reliability {
+namespace {
+
+using dcp::testing::ScratchDir;
+namespace fs = std::filesystem;
+
+size_t entries_in(const char* dir) {
+  size_t count = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    (void)entry;
+    ++count;
+  }
+  return count;
+}
+
+struct Resources {
+  size_t fds = entries_in("/proc/self/fd");
+  size_t threads = entries_in("/proc/self/task");
+  int64_t host_bytes = memory::host_buffer_stats().current_bytes;
+};
+
+// An ext4 file system (4 KiB blocks, no journal so that a failed write cannot abort the
+// whole file system, errors=continue) in a sparse image file under a fresh scratch
+// directory, attached to a free loop device and mounted for the object's lifetime.
+// Everything is undone by the destructor, whatever the test did; the loop device is
+// also marked autoclear, so the kernel releases it once the mount and our descriptor
+// are gone even if the destructor never runs.
+class LoopFileSystem {
+ public:
+  static constexpr int64_t kImageBytes = 64 << 20;
+
+  LoopFileSystem() : image_(scratch_.sub("ext4.img")), mount_point_(scratch_.sub("mnt")) {
+    if (std::system("command -v mkfs.ext4 >/dev/null 2>&1") != 0) {
+      unavailable_ = "mkfs.ext4 is not installed (scripts/setup.sh installs e2fsprogs)";
+      return;
+    }
+    {
+      const int fd = ::open(image_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      if (fd < 0 || ::ftruncate(fd, kImageBytes) != 0) {
+        unavailable_ = fmt::format("cannot create the image '{}': {}", image_, std::strerror(errno));
+        if (fd >= 0) ::close(fd);
+        return;
+      }
+      ::close(fd);
+    }
+    const std::string mkfs = fmt::format(
+        "mkfs.ext4 -q -F -b 4096 -m 0 -O ^has_journal -E lazy_itable_init=0,nodiscard '{}' >/dev/null 2>&1", image_);
+    if (std::system(mkfs.c_str()) != 0) {
+      unavailable_ = "mkfs.ext4 failed on " + image_;
+      return;
+    }
+    if (!attach_loop_device()) return;
+    fs::create_directory(mount_point_);
+    if (::mount(loop_path_.c_str(), mount_point_.c_str(), "ext4", 0, "errors=continue") != 0) {
+      unavailable_ = fmt::format("cannot mount ext4 from {}: {}", loop_path_, std::strerror(errno));
+      return;
+    }
+    mounted_ = true;
+  }
+
+  ~LoopFileSystem() {
+    if (mounted_ && ::umount2(mount_point_.c_str(), 0) != 0) ::umount2(mount_point_.c_str(), MNT_DETACH);
+    if (loop_fd_ >= 0) {
+      ::ioctl(loop_fd_, LOOP_CLR_FD, 0);  // EBUSY after a lazy unmount: autoclear finishes it
+      ::close(loop_fd_);
+    }
+  }
+
+  LoopFileSystem(const LoopFileSystem&) = delete;
+  LoopFileSystem& operator=(const LoopFileSystem&) = delete;
+
+  // Empty when mounted, else why not (the test skips with it).
+  const std::string& unavailable() const { return unavailable_; }
+  std::string sub(const std::string& name) const { return mount_point_ + "/" + name; }
+  int64_t free_bytes() const {
+    struct statvfs info {};
+    ::statvfs(mount_point_.c_str(), &info);
+    return static_cast<int64_t>(info.f_bfree) * static_cast<int64_t>(info.f_bsize);
+  }
+
+  // Where the used part of the file system ends when its free blocks are all at the end
+  // (a fresh file system filled in order): what `cut_device_at` needs to fail every new
+  // allocation. Free holes further down make this lower, which only moves the cut into
+  // the last written file.
+  int64_t end_of_used_space() const { return (kImageBytes - free_bytes()) / 4096 * 4096; }
+
+  // Shrinks the device under the mounted file system to `bytes`: I/O past it fails
+  // with EIO ("attempt to access beyond end of device").
+  void cut_device_at(int64_t bytes) {
+    ASSERT_EQ(::truncate(image_.c_str(), bytes), 0) << std::strerror(errno);
+    ASSERT_EQ(::ioctl(loop_fd_, LOOP_SET_CAPACITY, 0), 0) << std::strerror(errno);
+    uint64_t device_bytes = 0;
+    ASSERT_EQ(::ioctl(loop_fd_, BLKGETSIZE64, &device_bytes), 0) << std::strerror(errno);
+    ASSERT_EQ(static_cast<int64_t>(device_bytes), bytes);
+  }
+
+ private:
+  bool attach_loop_device() {
+    const int control = ::open("/dev/loop-control", O_RDWR | O_CLOEXEC);
+    if (control < 0) {
+      unavailable_ = fmt::format("cannot open /dev/loop-control: {}", std::strerror(errno));
+      return false;
+    }
+    const int image_fd = ::open(image_.c_str(), O_RDWR | O_CLOEXEC);
+    // Another process may take the free device between the two calls: try again.
+    for (int attempt = 0; attempt < 8 && loop_fd_ < 0; ++attempt) {
+      const int number = ::ioctl(control, LOOP_CTL_GET_FREE);
+      if (number < 0) {
+        unavailable_ = fmt::format("no free loop device: {}", std::strerror(errno));
+        break;
+      }
+      const std::string path = "/dev/loop" + std::to_string(number);
+      const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+      if (fd < 0) {
+        unavailable_ = fmt::format("cannot open {}: {}", path, std::strerror(errno));
+        break;
+      }
+      if (::ioctl(fd, LOOP_SET_FD, image_fd) != 0) {
+        unavailable_ = fmt::format("cannot attach {} to {}: {}", image_, path, std::strerror(errno));
+        ::close(fd);
+        if (errno == EBUSY) continue;
+        break;
+      }
+      loop_fd_ = fd;
+      loop_path_ = path;
+      struct loop_info64 info {};
+      info.lo_flags = LO_FLAGS_AUTOCLEAR;
+      ::ioctl(loop_fd_, LOOP_SET_STATUS64, &info);
+      unavailable_.clear();
+    }
+    ::close(image_fd);
+    ::close(control);
+    return loop_fd_ >= 0;
+  }
+
+  ScratchDir scratch_;
+  std::string image_;
+  std::string mount_point_;
+  std::string loop_path_;
+  int loop_fd_ = -1;
+  bool mounted_ = false;
+  std::string unavailable_ = "not set up";
+};
+
+// Writes `bytes` to `path` and syncs them, so that their blocks are allocated on disk.
+void fill_synced(const std::string& path, int64_t bytes) {
+  const std::string block(1 << 20, 'x');
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  for (int64_t done = 0; done < bytes;) {
+    const size_t n = static_cast<size_t>(std::min<int64_t>(bytes - done, static_cast<int64_t>(block.size())));
+    const ssize_t written = ::write(fd, block.data(), n);
+    ASSERT_GT(written, 0) << std::strerror(errno);
+    done += written;
+  }
+  ASSERT_EQ(::fsync(fd), 0) << std::strerror(errno);
+  ::close(fd);
+}
+
+// Drops the clean cached pages of the files `names` in `dir`, so that the next read goes
+// to the device.
+void drop_cached_pages(const std::string& dir, const std::vector<std::string>& names) {
+  for (const std::string& name : names) {
+    const std::string path = dir + "/" + name;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0) << path << ": " << std::strerror(errno);
+    ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0) << path;
+    ::close(fd);
+  }
+}
+
+std::vector<std::string> data_files(const std::vector<std::string>& names) {
+  std::vector<std::string> data;
+  for (const std::string& name : names) {
+    if (name.rfind("data-", 0) == 0) data.push_back(name);
+  }
+  return data;
+}
+
+struct SaveConfig {
+  const char* stager;  // "sync", "writer", "background"
+  bool single_file;
+  int64_t threads;
+};
+
+TEST(IoErrors, SavesHittingEIOFailCleanlyAndLeakNothing) {
+  LoopFileSystem disk;
+  if (!disk.unavailable().empty()) GTEST_SKIP() << "no loop-mounted ext4 here: " << disk.unavailable();
+  const std::string dir = disk.sub("ckpt");
+  dcp::save(generation_state(1), dir);
+  const std::vector<std::string> committed = dcp::testing::list_files(dir);
+  // The checkpoint lies at the start of the file system, the filler after it; 8 MiB
+  // stay free, past the cut.
+  fill_synced(disk.sub("filler"), disk.free_bytes() - (8 << 20));
+  disk.cut_device_at(disk.end_of_used_space());
+  if (::testing::Test::HasFatalFailure()) return;
+  // The committed checkpoint reads back from the device, not from the page cache.
+  drop_cached_pages(dir, committed);
+  {
+    StateDict loaded = generation_state(-1);
+    dcp::load(loaded, dir);
+    ASSERT_EQ(compare_to_generation(loaded, 1), "");
+  }
+
+  const std::vector<SaveConfig> configs = {{"sync", true, 1},      {"sync", false, 3},      {"writer", true, 3},
+                                           {"writer", false, 1},   {"background", true, 1}, {"background", false, 3}};
+  dcp::DefaultStager background;
+  StateDict training = generation_state(2);
+  background.stage(training);  // its buffers are cached from here on: not a leak
+  const Resources before;
+  int64_t failures = 0;
+  for (int round = 0; round < 2; ++round) {
+    for (const SaveConfig& config : configs) {
+      SCOPED_TRACE(fmt::format("{} single_file={} threads={}", config.stager, config.single_file, config.threads));
+      dcp::FileSystemWriter writer(
+          dir, dcp::FileSystemWriterOptions().single_file_per_rank(config.single_file).thread_count(config.threads));
+      std::string message;
+      try {
+        if (std::string(config.stager) == "sync") {
+          dcp::save(training, writer);
+        } else {
+          dcp::AsyncSaveResponse response = dcp::async_save(
+              training, writer, std::string(config.stager) == "background" ? &background : nullptr);
+          response.staging_completion.get();
+          // The training thread carries on while the write fails in the background.
+          fill_generation(training, 3 + round);
+          EXPECT_EQ(compare_to_generation(training, 3 + round), "");
+          response.upload_completion.get();
+        }
+        ADD_FAILURE() << "the save succeeded on a device that fails every new block";
+      } catch (const Error& e) {
+        message = e.what();
+      }
+      EXPECT_NE(message.find("Input/output error"), std::string::npos) << message;
+      EXPECT_NE(message.find(dir + "/"), std::string::npos) << "the message names no file: " << message;
+      if (failures == 0) std::printf("[first error] %s\n", message.c_str());
+      ++failures;
+      // No metadata committed, nothing left behind, the previous checkpoint exactly as it was.
+      EXPECT_EQ(dcp::testing::list_files(dir), committed);
+      drop_cached_pages(dir, committed);
+      StateDict loaded = generation_state(-1);
+      dcp::load(loaded, dir);
+      EXPECT_EQ(compare_to_generation(loaded, 1), "");
+    }
+  }
+  const Resources after;
+  EXPECT_EQ(after.fds, before.fds);
+  EXPECT_EQ(after.threads, before.threads);
+  EXPECT_EQ(after.host_bytes, before.host_bytes);
+  record_figure("io_error.eio_saves_failed_cleanly", failures);
+  record_figure("io_error.fd_delta", static_cast<int64_t>(after.fds) - static_cast<int64_t>(before.fds));
+  record_figure("io_error.thread_delta", static_cast<int64_t>(after.threads) - static_cast<int64_t>(before.threads));
+  record_figure("io_error.host_buffer_delta", after.host_bytes - before.host_bytes);
+}
+
+TEST(IoErrors, ALoadHittingEIOFailsAndLeavesItsTargetUntouched) {
+  LoopFileSystem disk;
+  if (!disk.unavailable().empty()) GTEST_SKIP() << "no loop-mounted ext4 here: " << disk.unavailable();
+  // Filler first, then the checkpoint: its data lies past the cut.
+  fill_synced(disk.sub("filler"), disk.free_bytes() - (8 << 20));
+  const int64_t cut = disk.end_of_used_space();
+  const std::string dir = disk.sub("ckpt");
+  {
+    dcp::FileSystemWriter writer(dir, dcp::FileSystemWriterOptions().single_file_per_rank(false));
+    dcp::save(generation_state(1), writer);
+  }
+  const std::vector<std::string> committed = dcp::testing::list_files(dir);
+  {
+    StateDict loaded = generation_state(-1);
+    dcp::load(loaded, dir);  // also starts whatever threads a load starts once
+    ASSERT_EQ(compare_to_generation(loaded, 1), "");
+  }
+  disk.cut_device_at(cut);
+  if (::testing::Test::HasFatalFailure()) return;
+  // The metadata stays cached and readable; the data must come from the device.
+  drop_cached_pages(dir, data_files(committed));
+  const Resources before;
+  StateDict loaded = generation_state(-1);
+  std::string message;
+  try {
+    dcp::load(loaded, dir);
+    ADD_FAILURE() << "the load read data the device does not have";
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("Input/output error"), std::string::npos) << message;
+  EXPECT_NE(message.find(dir + "/data-"), std::string::npos) << "the message names no data file: " << message;
+  std::printf("[error] %s\n", message.c_str());
+  EXPECT_EQ(compare_to_generation(loaded, -1), "") << "a failed load changed the target";
+  EXPECT_EQ(dcp::testing::list_files(dir), committed);
+  const Resources after;
+  EXPECT_EQ(after.fds, before.fds);
+  EXPECT_EQ(after.threads, before.threads);
+  EXPECT_EQ(after.host_bytes, before.host_bytes);
+  record_figure("io_error.eio_loads_failed_cleanly", 1);
+}
+
+}  // namespace
+}  // namespace stowage::reliability
