@@ -18,6 +18,10 @@ bash "$root/scripts/build.sh" >&2
 start=$(date +%s)
 STOWAGE_CRASH_TRIALS=$crash STOWAGE_CORRUPTION_TRIALS=$corruption "$build/tests/reliability_tests" --gtest_brief=1
 echo "reliability.suite_seconds $(( $(date +%s) - start ))" >>"$figures"
+# The swap optimizer's faults (promise 6): 15 scenarios in each of packed and per-tensor mode.
+swap_fault_tests=$("$build/tests/optim_tests" --gtest_filter='Modes/SwapFaults.*' --gtest_list_tests | grep -c '^  ')
+"$build/tests/optim_tests" --gtest_filter='Modes/SwapFaults.*' --gtest_brief=1 >&2
+echo "swap_faults.tests_passed $swap_fault_tests of $swap_fault_tests (5 kinds, 15 injected faults, in packed and in per-tensor mode)" >>"$figures"
 bash "$root/scripts/fuzz.sh" "$fuzz_seconds"
 unset STOWAGE_RELIABILITY_FIGURES
 asan_suites=(dcp state memory optim reliability activation) tsan_suites=(memory dcp optim)
