@@ -9,8 +9,10 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 
 #include <fcntl.h>
 #include <stdlib.h>
@@ -41,6 +43,13 @@ class Scratch {
 
 double gbps(int64_t bytes, double seconds) {
   return static_cast<double>(bytes) / seconds / 1e9;
+}
+
+constexpr int kRounds = 5;
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
 }
 
 template <typename Fn>
@@ -96,79 +105,111 @@ DcpBenchResult run_dcp_bench(const DcpBenchOptions& options) {
     copy_all();
     r.memcpy_gbps = gbps(r.bytes, best_of(3, copy_all));
   }
-  {
+  {  // Right after memcpy, like it: best of 3 back to back.
     dcp::BlockingAsyncStager cached(/*cache_staged_state_dict=*/true);
     cached.stage(state);
-    r.stage_s = best_of(3, [&] { cached.stage(state); });
-    r.stage_cached_gbps = gbps(r.bytes, r.stage_s);
+    r.stage_cached_gbps = gbps(r.bytes, best_of(3, [&] { cached.stage(state); }));
   }
   {
     dcp::BlockingAsyncStager uncached;
     r.stage_uncached_gbps = gbps(r.bytes, best_of(2, [&] { uncached.stage(state); }));
   }
-  // The three writers take turns, so that they meet the same disk conditions (the disk
-  // is shared and its speed drifts); each keeps its best time.
+  // Measurements compared by a target take turns, kRounds times, so that they meet the
+  // same conditions (the disk and the cores are shared, and their speed drifts); each
+  // reports the median of its turns.
   const std::string checkpoint = scratch.sub("checkpoint");
   const std::string raw_path = scratch.sub("raw.bin");
   const std::string torch_path = scratch.sub("torch.pt");
-  {
+  {  // Writes: a raw sequential write, dcp::save, torch::save.
     dcp::FileSystemWriter writer(checkpoint, dcp::FileSystemWriterOptions().sync_files(true));
-    double raw_s = std::numeric_limits<double>::infinity();
-    double save_s = raw_s;
-    double torch_s = raw_s;
-    for (int i = 0; i < 3; ++i) {
-      std::filesystem::remove(raw_path);
-      raw_s = std::min(raw_s, seconds([&] {
-                         const int fd = ::open(raw_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-                         if (fd < 0) throw Error(fmt::format("bench dcp: cannot create '{}'", raw_path));
-                         for (const at::Tensor& t : tensors) {
-                           write_all(fd, static_cast<const char*>(t.data_ptr()), t.nbytes(), raw_path);
-                         }
-                         ::fsync(fd);
-                         ::close(fd);
-                       }));
-      std::filesystem::remove(raw_path);
-      save_s = std::min(save_s, seconds([&] { dcp::save(state, writer); }));
-      std::filesystem::remove(torch_path);
-      // What a LibTorch user does today; fsync'd like the others.
-      torch_s = std::min(torch_s, seconds([&] {
-                           torch::save(tensors, torch_path);
-                           fsync_path(torch_path);
-                         }));
+    std::vector<double> raw_s, save_s, torch_s;
+    const std::vector<std::function<void()>> writers{
+        [&] {
+          std::filesystem::remove(raw_path);
+          raw_s.push_back(seconds([&] {
+            const int fd = ::open(raw_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+            if (fd < 0) throw Error(fmt::format("bench dcp: cannot create '{}'", raw_path));
+            for (const at::Tensor& t : tensors) write_all(fd, static_cast<const char*>(t.data_ptr()), t.nbytes(), raw_path);
+            ::fsync(fd);
+            ::close(fd);
+          }));
+          std::filesystem::remove(raw_path);
+        },
+        [&] { save_s.push_back(seconds([&] { dcp::save(state, writer); })); },
+        [&] {
+          std::filesystem::remove(torch_path);
+          // What a LibTorch user does today. torch::save does not fsync: the fsync is
+          // ours, so that every write here reaches the disk.
+          torch_s.push_back(seconds([&] {
+            torch::save(tensors, torch_path);
+            fsync_path(torch_path);
+          }));
+        }};
+    // Each round starts with the next writer, so that none always follows the same one.
+    for (int i = 0; i < kRounds; ++i) {
+      for (size_t k = 0; k < writers.size(); ++k) writers[(i + k) % writers.size()]();
     }
-    r.raw_write_gbps = gbps(r.bytes, raw_s);
-    r.save_gbps = gbps(r.bytes, save_s);
-    r.torch_save_gbps = gbps(r.bytes, torch_s);
+    r.raw_write_gbps = gbps(r.bytes, median(raw_s));
+    r.save_gbps = gbps(r.bytes, median(save_s));
+    r.torch_save_gbps = gbps(r.bytes, median(torch_s));
   }
-  {
-    std::vector<at::Tensor> loaded;
-    r.torch_load_gbps = gbps(r.bytes, best_of(2, [&] {
-                               loaded.clear();
-                               torch::load(loaded, torch_path);
-                             }));
-    if (loaded.size() != tensors.size() || !torch::equal(loaded.back(), tensors.back())) {
-      throw Error("bench dcp: torch::load returned different tensors");
-    }
-    std::filesystem::remove(torch_path);
-  }
-  {
+  {  // Reads, from the page cache (both files were just written): torch::load, dcp::load.
     StateDict target;
     for (const auto& item : state) target.insert(item.key(), torch::empty_like(item.value().toTensor()));
-    r.load_gbps = gbps(r.bytes, best_of(2, [&] { dcp::load(target, checkpoint); }));
-    if (!torch::equal(target.at("layers.0.weight").toTensor(), tensors.front())) {
-      throw Error("bench dcp: dcp::load returned different tensors");
+    std::vector<double> torch_s, load_s;
+    for (int i = 0; i < kRounds; ++i) {
+      const auto time_torch_load = [&] {
+        std::vector<at::Tensor> loaded;
+        torch_s.push_back(seconds([&] { torch::load(loaded, torch_path); }));
+        if (loaded.size() != tensors.size() || !torch::equal(loaded.back(), tensors.back())) {
+          throw Error("bench dcp: torch::load returned different tensors");
+        }
+      };
+      const auto time_load = [&] {
+        load_s.push_back(seconds([&] { dcp::load(target, checkpoint); }));
+        if (!torch::equal(target.at("layers.0.weight").toTensor(), tensors.front())) {
+          throw Error("bench dcp: dcp::load returned different tensors");
+        }
+      };
+      if (i % 2 == 0) {
+        time_torch_load();
+        time_load();
+      } else {
+        time_load();
+        time_torch_load();
+      }
     }
+    std::filesystem::remove(torch_path);
+    r.torch_load_gbps = gbps(r.bytes, median(torch_s));
+    r.load_gbps = gbps(r.bytes, median(load_s));
   }
-  {  // How long async_save holds the caller, with the writer's cached staging, warm.
+  {  // A blocking cached stage, and how long async_save holds the caller with the
+     // writer's cached staging, both warm; each turn starts after the previous
+     // background save has finished, and the two swap places every turn.
+    dcp::BlockingAsyncStager cached(/*cache_staged_state_dict=*/true);
+    cached.stage(state);
     dcp::FileSystemWriter writer(checkpoint, dcp::FileSystemWriterOptions().cache_staged_state_dict(true));
     dcp::async_save(state, writer).upload_completion.get();
-    std::shared_future<dcp::Metadata> upload;
-    r.async_block_s = std::numeric_limits<double>::infinity();
-    for (int i = 0; i < 3; ++i) {  // best of 3, like stage_s
-      r.async_block_s = std::min(r.async_block_s, seconds([&] { upload = dcp::async_save(state, writer).upload_completion; }));
-      upload.get();
+    std::vector<double> stage_s, async_s;
+    for (int i = 0; i < kRounds; ++i) {
+      const auto time_stage = [&] { stage_s.push_back(seconds([&] { cached.stage(state); })); };
+      const auto time_async_save = [&] {
+        std::shared_future<dcp::Metadata> upload;
+        async_s.push_back(seconds([&] { upload = dcp::async_save(state, writer).upload_completion; }));
+        upload.get();
+      };
+      if (i % 2 == 0) {
+        time_stage();
+        time_async_save();
+      } else {
+        time_async_save();
+        time_stage();
+      }
     }
+    r.stage_s = median(stage_s);
+    r.async_block_s = median(async_s);
     dcp::DefaultStager stager;
+    std::shared_future<dcp::Metadata> upload;
     dcp::async_save(state, writer, &stager).upload_completion.get();
     r.async_block_default_stager_s = seconds([&] { upload = dcp::async_save(state, writer, &stager).upload_completion; });
     upload.get();

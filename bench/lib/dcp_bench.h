@@ -34,8 +34,9 @@ struct DcpBenchResult {
   double async_block_default_stager_s = 0;  // caller blocked by async_save with a DefaultStager
 };
 
-// Runs every measurement once (best of a few repetitions for the short ones); removes
-// everything it wrote. Throws stowage::Error on a failure.
+// Runs every measurement; those a target compares (writes, reads, async_save against a
+// stage) take turns over a few rounds and report their medians, the others the best
+// of a few repetitions. Removes everything it wrote. Throws stowage::Error on a failure.
 DcpBenchResult run_dcp_bench(const DcpBenchOptions& options);
 
 // One rank's part of the distributed save measurement, run by every rank of `group`:

@@ -545,32 +545,70 @@ class LoadPlanner {
       }
       stateful_states_.push_back(unflatten_state_dict(relative));
     }
-    // One read per (destination, overlapping saved chunk), of the overlap only.
+    // One read per (destination, overlapping saved chunk), of the overlap only: straight
+    // into the destination where that is plain CPU memory that no other read writes,
+    // else into a buffer of ours that apply() copies from.
+    std::vector<Copy> direct_copies;
     for (size_t f = 0; f < fills_.size(); ++f) {
       const EntryMetadata& entry = *fills_[f].entry;
       for (ReadItem& item : create_read_items(entry, fills_[f].box)) {
         const TensorChunk& chunk = entry.chunks[item.chunk_index];
-        const int64_t bytes = detail::checked_volume(item.lengths, entry.fqn) * element_size(entry.dtype);
-        reads_.push_back(
-            ChunkRead{&entry, &chunk, at::empty({bytes}, at::kByte), ChunkBox{item.storage_offsets, item.lengths}});
-        copies_.push_back(Copy{f, std::move(item)});
+        ChunkRead read{&entry, &chunk, destination_of(Copy{f, item}), ChunkBox{item.storage_offsets, item.lengths}};
+        if (takes_raw_bytes(read.buffer)) {
+          direct_reads_.push_back(std::move(read));
+          direct_copies.push_back(Copy{f, std::move(item)});
+        } else {
+          stage(std::move(read), Copy{f, std::move(item)});
+        }
       }
     }
-    reader.read_data(reads_);
+    // Destinations sharing memory (tied weights under two keys) are filled by copies,
+    // in order, as if each were assigned in turn: every cluster of overlapping
+    // destinations is staged.
+    std::vector<size_t> order;
+    for (size_t i = 0; i < direct_reads_.size(); ++i) {
+      if (direct_reads_[i].buffer.nbytes() > 0) order.push_back(i);
+    }
+    const auto begin = [&](size_t i) { return static_cast<const char*>(direct_reads_[i].buffer.data_ptr()); };
+    const auto end = [&](size_t i) { return begin(i) + direct_reads_[i].buffer.nbytes(); };
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return begin(a) < begin(b); });
+    std::vector<bool> shared(direct_reads_.size(), false);
+    for (size_t first = 0; first < order.size();) {
+      size_t last = first + 1;  // the cluster is order[first, last)
+      const char* reach = end(order[first]);
+      while (last < order.size() && begin(order[last]) < reach) reach = std::max(reach, end(order[last++]));
+      if (last - first > 1) {
+        for (size_t k = first; k < last; ++k) shared[order[k]] = true;
+      }
+      first = last;
+    }
+    std::vector<ChunkRead> unshared_reads;
+    std::vector<Copy> unshared_copies;
+    for (size_t i = 0; i < direct_reads_.size(); ++i) {
+      if (shared[i]) {
+        stage(std::move(direct_reads_[i]), std::move(direct_copies[i]));
+      } else {
+        unshared_reads.push_back(std::move(direct_reads_[i]));
+        unshared_copies.push_back(std::move(direct_copies[i]));
+      }
+    }
+    direct_reads_ = std::move(unshared_reads);
+    if (!direct_reads_.empty() && !reader.verify_data(direct_reads_)) {
+      for (size_t i = 0; i < direct_reads_.size(); ++i) stage(std::move(direct_reads_[i]), std::move(unshared_copies[i]));
+      direct_reads_.clear();
+    }
+    reader.read_data(staged_reads_);
   }
 
-  // Fills the destinations and replaces the values: nothing fails for want of data.
-  void apply(StateDict& state) {
+  // Fills the destinations and replaces the values. Nothing fails for want of data,
+  // unless a data file changed since read() verified it.
+  void apply(StateDict& state, StorageReader& reader) {
     const at::NoGradGuard no_grad;
+    reader.read_data(direct_reads_);
+    for (ChunkRead& read : direct_reads_) read.buffer.unsafeGetTensorImpl()->bump_version();  // as copy_ would
     for (size_t i = 0; i < copies_.size(); ++i) {
-      const Copy& copy = copies_[i];
-      const EntryMetadata& entry = *fills_[copy.fill].entry;
-      const at::Tensor source = reads_[i].buffer.view(entry.dtype).view(copy.item.lengths);
-      at::Tensor destination = fills_[copy.fill].destination;
-      for (size_t d = 0; d < copy.item.lengths.size(); ++d) {
-        destination = destination.narrow(static_cast<int64_t>(d), copy.item.dest_offsets[d], copy.item.lengths[d]);
-      }
-      destination.copy_(source);
+      const EntryMetadata& entry = *fills_[copies_[i].fill].entry;
+      destination_of(copies_[i]).copy_(staged_reads_[i].buffer.view(entry.dtype).view(copies_[i].item.lengths));
     }
     for (const auto& [path, saved] : values_) {
       set_leaf(state, path, saved->value);
@@ -684,12 +722,34 @@ class LoadPlanner {
     ReadItem item;
   };
 
+  // The part of a fill's destination that a read item fills.
+  at::Tensor destination_of(const Copy& copy) const {
+    at::Tensor destination = fills_[copy.fill].destination;
+    for (size_t d = 0; d < copy.item.lengths.size(); ++d) {
+      destination = destination.narrow(static_cast<int64_t>(d), copy.item.dest_offsets[d], copy.item.lengths[d]);
+    }
+    return destination;
+  }
+
+  // Whether the saved bytes, as they are, are the tensor's contents.
+  static bool takes_raw_bytes(const at::Tensor& tensor) {
+    return tensor.device().is_cpu() && tensor.layout() == c10::kStrided && tensor.is_contiguous() &&
+           !tensor.is_conj() && !tensor.is_neg();
+  }
+
+  void stage(ChunkRead read, Copy copy) {
+    read.buffer = at::empty({static_cast<int64_t>(read.buffer.nbytes())}, at::kByte);
+    staged_reads_.push_back(std::move(read));
+    copies_.push_back(std::move(copy));
+  }
+
   const Metadata& metadata_;
   LoadOptions options_;
   std::unordered_map<std::string, ShardLayout> layouts_;
   std::vector<TensorFill> fills_;
-  std::vector<ChunkRead> reads_;
-  std::vector<Copy> copies_;  // copies_[i] takes reads_[i]
+  std::vector<ChunkRead> direct_reads_;  // into the destinations; verified by read()
+  std::vector<ChunkRead> staged_reads_;  // read by read()
+  std::vector<Copy> copies_;             // copies_[i] takes staged_reads_[i]
   std::vector<StateDict> stateful_states_;
   std::vector<std::pair<ObjectPath, const EntryMetadata*>> values_;
   std::vector<StatefulLoad> statefuls_;
@@ -711,7 +771,7 @@ void load(StateDict& state, StorageReader& reader, LoadOptions options, std::opt
   };
   if (!group) {
     prepare();
-    planner->apply(state);
+    planner->apply(state, reader);
     return;
   }
   // Every rank reads and verifies, then all agree before any state changes.
@@ -736,7 +796,7 @@ void load(StateDict& state, StorageReader& reader, LoadOptions options, std::opt
     }
   }
   if (!failures.empty()) throw CheckpointError("load", std::move(failures));
-  planner->apply(state);
+  planner->apply(state, reader);
 }
 
 void load(StateDict& state, const std::string& checkpoint_dir, LoadOptions options, std::optional<ProcessGroup> group) {

@@ -89,6 +89,16 @@ int64_t File::size() const {
   return static_cast<int64_t>(info.st_size);
 }
 
+void File::start_writeback(int64_t offset, int64_t length) const {
+#if defined(__linux__)
+  // Only a hint: sync() reports what fails.
+  ::sync_file_range(fd_, offset, length, SYNC_FILE_RANGE_WRITE);
+#else
+  (void)offset;
+  (void)length;
+#endif
+}
+
 void File::sync() const {
   if (::fsync(fd_) != 0) throw_errno(fmt::format("cannot fsync '{}'", path_), errno);
 }

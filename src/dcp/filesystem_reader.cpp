@@ -1,5 +1,6 @@
 #include "dcp/file_io.h"
 #include "dcp/internal.h"
+#include "dcp/mapped_file.h"
 
 #include <stowage/dcp/filesystem.h>
 #include <stowage/error.h>
@@ -11,13 +12,14 @@
 #include <atomic>
 #include <cstring>
 #include <exception>
+#include <memory>
+#include <mutex>
 #include <thread>
 
 
 namespace stowage::dcp {
 namespace {
 
-constexpr int64_t kPieceBytes = int64_t(8) << 20;
 // Reads fan out over threads only when there is enough to read.
 constexpr int64_t kBytesPerReadThread = int64_t(64) << 20;
 
@@ -25,7 +27,9 @@ constexpr int64_t kBytesPerReadThread = int64_t(64) << 20;
 
 struct FileSystemReader::OpenFile {
   detail::File file;
-  int64_t size = 0;
+  int64_t size = 0;  // when read_metadata() opened it
+  // Its first `size` bytes, mapped by the first read that needs them.
+  std::unique_ptr<detail::MappedFile> mapping;
 };
 
 namespace {
@@ -75,6 +79,7 @@ FileSystemReader::FileSystemReader(std::string path) : path_(std::move(path)) {
 FileSystemReader::~FileSystemReader() = default;
 
 Metadata FileSystemReader::read_metadata() {
+  bytes_checked_ = 0;
   const std::string metadata_path = detail::join_path(path_, kMetadataFileName);
   // A writer may replace the checkpoint between reading its metadata and opening its
   // files (it deletes the old files after committing); reading again then sees the new
@@ -170,11 +175,38 @@ std::vector<ByteRun> runs_of(const std::vector<int64_t>& sizes, const ChunkBox& 
 }  // namespace
 
 void FileSystemReader::read_data(std::vector<ChunkRead>& reads) {
+  run_reads(reads, /*verify_only=*/false);
+}
+
+bool FileSystemReader::verify_data(std::vector<ChunkRead>& reads) {
+  run_reads(reads, /*verify_only=*/true);
+  return true;
+}
+
+void FileSystemReader::run_reads(std::vector<ChunkRead>& reads, bool verify_only) {
+  // Map every file a read needs before the threads start. Mapping re-checks each
+  // file's size, so a file truncated since read_metadata() fails here, by name.
   int64_t total = 0;
-  for (const ChunkRead& read : reads) total += static_cast<int64_t>(read.buffer.nbytes());
+  for (const ChunkRead& read : reads) {
+    total += static_cast<int64_t>(read.buffer.nbytes());
+    const StorageLocation& location = read.chunk->location;
+    const auto it = files_.find(location.file);
+    if (it == files_.end()) {
+      throw Error(fmt::format("checkpoint '{}': entry '{}': data file '{}' was not opened by read_metadata()", path_,
+                              read.entry->fqn, location.file));
+    }
+    OpenFile& open = *it->second;
+    if (location.length > 0 && !open.mapping) {
+      try {
+        open.mapping = std::make_unique<detail::MappedFile>(open.file, open.size);
+      } catch (const Error& e) {
+        throw Error(fmt::format("checkpoint '{}': entry '{}': {}", path_, read.entry->fqn, e.what()));
+      }
+    }
+  }
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
-  std::atomic<int64_t> bytes_read{0};
+  std::atomic<int64_t> bytes_checked{0};
   std::exception_ptr first_error;
   std::mutex error_mutex;
 
@@ -183,10 +215,10 @@ void FileSystemReader::read_data(std::vector<ChunkRead>& reads) {
     const auto where = [&] {
       return fmt::format("checkpoint '{}': entry '{}': data file '{}'", path_, read.entry->fqn, location.file);
     };
-    const auto it = files_.find(location.file);
-    if (it == files_.end()) throw Error(where() + " was not opened by read_metadata()");
-    const OpenFile& open = *it->second;
-    if (open.size < location.offset + location.length) {
+    const OpenFile& open = *files_.at(location.file);
+    // The mapping covers the file's first open.size bytes: nothing outside them is read.
+    if (location.offset < 0 || location.length < 0 || location.offset > open.size ||
+        location.length > open.size - location.offset) {
       throw Error(fmt::format("{} is truncated: it has {} bytes, the chunk needs bytes {} to {}", where(), open.size,
                               location.offset, location.offset + location.length));
     }
@@ -195,88 +227,100 @@ void FileSystemReader::read_data(std::vector<ChunkRead>& reads) {
         ChunkBox{std::vector<int64_t>(read.chunk->box.sizes.size(), 0), read.chunk->box.sizes});
     const int64_t wanted = detail::checked_volume(region.sizes, read.entry->fqn) * element_bytes;
     if (read.buffer.nbytes() != static_cast<size_t>(wanted) || !read.buffer.is_contiguous() ||
-        region.offsets.size() != read.chunk->box.sizes.size() || region.sizes.size() != read.chunk->box.sizes.size()) {
+        !read.buffer.device().is_cpu() || region.offsets.size() != read.chunk->box.sizes.size() ||
+        region.sizes.size() != read.chunk->box.sizes.size()) {
       throw InvalidArgument(where() + ": the read buffer does not match the region read");
     }
+    // Every run lies inside the chunk, and the chunk inside its bytes.
+    const std::vector<int64_t>& chunk_sizes = read.chunk->box.sizes;
+    for (size_t d = 0; d < chunk_sizes.size(); ++d) {
+      if (region.offsets[d] < 0 || region.sizes[d] < 0 || region.offsets[d] > chunk_sizes[d] ||
+          region.sizes[d] > chunk_sizes[d] - region.offsets[d]) {
+        throw InvalidArgument(where() + ": the region read is not inside the chunk");
+      }
+    }
+    if (detail::checked_volume(chunk_sizes, read.entry->fqn) * element_bytes != location.length) {
+      throw Error(where() + ": the chunk's length does not match its shape");
+    }
+    if (location.length == 0) {
+      read.verified = true;
+      return;
+    }
+    // The chunk's bytes in the mapping; every range below lies inside them.
+    const char* chunk_bytes = open.mapping->data() + location.offset;
     char* out = static_cast<char*>(read.buffer.data_ptr());
+    const auto truncated = [&] {
+      return Error(fmt::format("{} was truncated while being read: it has {} bytes now", where(), open.file.size()));
+    };
     const auto corrupt = [&](int64_t offset, int64_t length, uint64_t actual, uint64_t expected) {
       return Error(fmt::format("{} is corrupt: the bytes at offset {} ({} bytes) have checksum {:016x}, expected {:016x}",
                                where(), offset, length, actual, expected));
     };
-    try {
-      if (wanted == location.length) {
-        // The whole chunk: straight into the buffer, checked against the chunk's checksum.
-        XXH3_state_t* state = XXH3_createState();
-        XXH3_64bits_reset(state);
-        try {
-          for (int64_t done = 0; done < location.length; done += kPieceBytes) {
-            const int64_t piece = std::min(kPieceBytes, location.length - done);
-            open.file.read_at(out + done, piece, location.offset + done);
-            XXH3_64bits_update(state, out + done, static_cast<size_t>(piece));
-          }
-        } catch (...) {
-          XXH3_freeState(state);
-          throw;
-        }
-        const uint64_t checksum = XXH3_64bits_digest(state);
-        XXH3_freeState(state);
-        bytes_read += location.length;
-        if (checksum != location.checksum) throw corrupt(location.offset, location.length, checksum, location.checksum);
+    const auto copy = [&](char* destination, int64_t chunk_offset, int64_t length) {
+      if (!detail::guarded_copy(destination, chunk_bytes + chunk_offset, static_cast<size_t>(length))) throw truncated();
+    };
+    if (wanted == location.length) {
+      // The whole chunk, checked against the chunk's checksum.
+      if (read.verified) {  // checked already: only the copy is left
+        copy(out, 0, location.length);
         return;
       }
-      // Part of the chunk: the checksum blocks its runs touch, read and verified a
-      // piece at a time into a scratch buffer, then the runs copied out. Without block
-      // checksums (version 1, or a chunk of one block) the chunk is one block.
-      const std::vector<ByteRun> runs = runs_of(read.chunk->box.sizes, region, element_bytes);
-      const bool blocked = !location.block_checksums.empty();
-      const int64_t block_bytes = blocked ? kChecksumBlockBytes : location.length;
-      const auto block_hash = [&](int64_t block) {
-        return blocked ? location.block_checksums[static_cast<size_t>(block)] : location.checksum;
-      };
-      const int64_t piece_blocks = std::max<int64_t>(1, kPieceBytes / block_bytes);
-      std::vector<char> scratch;
-      size_t run = 0;
-      int64_t out_offset = 0;     // where runs[run] goes in the buffer
-      int64_t run_done = 0;       // bytes of runs[run] already copied
-      while (run < runs.size()) {
-        // The next piece: from the block holding the next byte wanted, the following
-        // blocks that runs touch, up to piece_blocks of them.
-        const int64_t first_block = (runs[run].begin + run_done) / block_bytes;
-        int64_t last_block = (runs[run].begin + runs[run].length - 1) / block_bytes;
-        for (size_t r = run + 1; r < runs.size() && last_block - first_block + 1 < piece_blocks; ++r) {
-          if (runs[r].begin / block_bytes > last_block + 1) break;
-          last_block = std::max(last_block, (runs[r].begin + runs[r].length - 1) / block_bytes);
-        }
-        last_block = std::min(last_block, first_block + piece_blocks - 1);
-        const int64_t piece_begin = first_block * block_bytes;
-        const int64_t piece_end = std::min(location.length, (last_block + 1) * block_bytes);
-        scratch.resize(static_cast<size_t>(piece_end - piece_begin));
-        open.file.read_at(scratch.data(), piece_end - piece_begin, location.offset + piece_begin);
-        bytes_read += piece_end - piece_begin;
-        for (int64_t block_begin = piece_begin; block_begin < piece_end; block_begin += block_bytes) {
-          const int64_t length = std::min(block_bytes, piece_end - block_begin);
-          const uint64_t checksum = XXH3_64bits(scratch.data() + (block_begin - piece_begin), static_cast<size_t>(length));
-          const uint64_t expected = block_hash(block_begin / block_bytes);
-          if (checksum != expected) throw corrupt(location.offset + block_begin, length, checksum, expected);
-        }
-        // Copy what the piece holds of the runs; stop at the first byte beyond it.
-        while (run < runs.size()) {
-          const int64_t from = runs[run].begin + run_done;
-          if (from >= piece_end) break;
-          const int64_t n = std::min(runs[run].length - run_done, piece_end - from);
-          std::memcpy(out + out_offset + run_done, scratch.data() + (from - piece_begin), static_cast<size_t>(n));
-          run_done += n;
-          if (run_done == runs[run].length) {
-            out_offset += runs[run].length;
-            run_done = 0;
-            ++run;
+      std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> state(XXH3_createState(), XXH3_freeState);
+      if (!state) throw std::bad_alloc();
+      XXH3_64bits_reset(state.get());
+      for (int64_t done = 0; done < location.length; done += kChecksumBlockBytes) {
+        const int64_t piece = std::min(kChecksumBlockBytes, location.length - done);
+        if (verify_only) {
+          if (!detail::guarded_hash_update(state.get(), chunk_bytes + done, static_cast<size_t>(piece))) {
+            throw truncated();
           }
+        } else {
+          // Hash what was copied, while it is in cache: the buffer gets exactly the
+          // bytes checked.
+          copy(out + done, done, piece);
+          XXH3_64bits_update(state.get(), out + done, static_cast<size_t>(piece));
         }
       }
-    } catch (const Error& e) {
-      const std::string message = e.what();
-      if (message.rfind(where(), 0) == 0) throw;
-      throw Error(fmt::format("{}: {}", where(), message));
+      const uint64_t checksum = XXH3_64bits_digest(state.get());
+      bytes_checked += location.length;
+      if (checksum != location.checksum) throw corrupt(location.offset, location.length, checksum, location.checksum);
+      read.verified = true;
+      return;
+    }
+    // Part of the chunk: its runs, and the checksum blocks they touch, each verified.
+    // Without block checksums (version 1, or a chunk of one block) the chunk is one
+    // block.
+    const std::vector<ByteRun> runs = runs_of(read.chunk->box.sizes, region, element_bytes);
+    if (!read.verified) {
+      const bool blocked = !location.block_checksums.empty();
+      const int64_t block_bytes = blocked ? kChecksumBlockBytes : location.length;
+      int64_t next_block = 0;  // blocks below it are verified
+      for (const ByteRun& run : runs) {
+        const int64_t first = std::max(next_block, run.begin / block_bytes);
+        const int64_t last = (run.begin + run.length - 1) / block_bytes;
+        for (int64_t block = first; block <= last; ++block) {
+          const int64_t begin = block * block_bytes;
+          const int64_t length = std::min(block_bytes, location.length - begin);
+          std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> state(XXH3_createState(), XXH3_freeState);
+          if (!state) throw std::bad_alloc();
+          XXH3_64bits_reset(state.get());
+          if (!detail::guarded_hash_update(state.get(), chunk_bytes + begin, static_cast<size_t>(length))) {
+            throw truncated();
+          }
+          const uint64_t checksum = XXH3_64bits_digest(state.get());
+          const uint64_t expected = blocked ? location.block_checksums[static_cast<size_t>(block)] : location.checksum;
+          if (checksum != expected) throw corrupt(location.offset + begin, length, checksum, expected);
+          bytes_checked += length;
+        }
+        next_block = std::max(next_block, last + 1);
+      }
+      read.verified = true;
+      if (verify_only) return;
+    }
+    int64_t out_offset = 0;
+    for (const ByteRun& run : runs) {
+      copy(out + out_offset, run.begin, run.length);
+      out_offset += run.length;
     }
   };
   const auto worker = [&] {
@@ -296,7 +340,7 @@ void FileSystemReader::read_data(std::vector<ChunkRead>& reads) {
   for (size_t t = 1; t < threads; ++t) helpers.emplace_back(worker);
   worker();
   for (std::thread& helper : helpers) helper.join();
-  bytes_read_ = bytes_read.load();
+  bytes_checked_ += bytes_checked.load();
   if (first_error) std::rethrow_exception(first_error);
 }
 

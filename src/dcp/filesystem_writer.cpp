@@ -1,3 +1,4 @@
+#include "dcp/copy_ahead.h"
 #include "dcp/file_io.h"
 #include "dcp/internal.h"
 
@@ -209,8 +210,12 @@ std::vector<WriteResult> FileSystemWriter::write_data(const SavePlan& plan, std:
       created_files_.push_back(file_path);
     }
     detail::File file = detail::File::create(file_path);
+    std::vector<at::Tensor> tensors;
+    for (const WriteItem* item : job.items) tensors.push_back(data[item->data_index].toTensor());
+    detail::CopyAhead host_bytes(std::move(tensors), options_.per_thread_copy_ahead());
     int64_t end = 0;
-    for (const WriteItem* item : job.items) {
+    for (size_t n = 0; n < job.items.size(); ++n) {
+      const WriteItem* item = job.items[n];
       if (failed.load()) return;
       WriteResult result;
       result.fqn = item->fqn;
@@ -221,8 +226,7 @@ std::vector<WriteResult> FileSystemWriter::write_data(const SavePlan& plan, std:
       {
         // Raw row-major bytes: contiguous, on the CPU, with lazy conjugation/negation
         // resolved.
-        const at::Tensor host =
-            data[item->data_index].toTensor().resolve_conj().resolve_neg().to(c10::kCPU).contiguous();
+        const at::Tensor host = host_bytes.take(n);
         const int64_t length = static_cast<int64_t>(host.nbytes());
         const char* bytes = static_cast<const char*>(host.data_ptr());
         XXH3_state_t* state = XXH3_createState();
@@ -240,6 +244,7 @@ std::vector<WriteResult> FileSystemWriter::write_data(const SavePlan& plan, std:
               }
             }
             file.write_at(bytes + done, piece, result.location.offset + done);
+            if (options_.sync_files()) file.start_writeback(result.location.offset + done, piece);
           }
         } catch (...) {
           XXH3_freeState(state);

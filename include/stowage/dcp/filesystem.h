@@ -39,9 +39,12 @@ struct FileSystemWriterOptions {
   TORCH_ARG(bool, sync_files) = true;
   // Threads writing data files in parallel, at least 1 (the caller's thread is one).
   TORCH_ARG(int64_t, thread_count) = 1;
-  // Bytes of device-to-host copies each writer thread keeps in flight ahead of the
-  // file writes, for tensors not on the CPU. stage() sets it to 0: staged data is on
-  // the CPU already.
+  // Bytes of device-to-host copies each writer thread starts ahead of the item it is
+  // writing, for tensors saved without staging that are not on the CPU: they copy
+  // (into pinned memory where the build can pin, on a copy stream where the device has
+  // streams) while the thread hashes and writes. CPU tensors are written from their
+  // own memory: no copy, so the option changes nothing for them (nor on a CPU-only
+  // build). stage() sets it to 0: staged data is on the CPU already.
   TORCH_ARG(int64_t, per_thread_copy_ahead) = 10'000'000;
   // Reuse the staging buffers of stage() across saves (BlockingAsyncStager).
   TORCH_ARG(bool, cache_staged_state_dict) = false;
@@ -87,7 +90,10 @@ class FileSystemWriter : public StorageWriter, public BlockingAsyncStager {
 // Reads checkpoints from one directory. A chunk read in full is verified against its
 // checksum; a part of one is read as the checksum blocks it touches, each verified
 // (docs/FORMAT.md). Paths in the metadata never leave the directory, and symbolic links
-// are not followed.
+// are not followed. Data files are read through read-only mappings (no copy into a
+// buffer of the reader's), after checking every range against the file's size; a file
+// truncated by someone else while it is read fails the read with an Error instead of
+// a SIGBUS (src/dcp/mapped_file.h installs the process's SIGBUS handler for that).
 class FileSystemReader : public StorageReader {
  public:
   explicit FileSystemReader(std::string path);
@@ -97,17 +103,21 @@ class FileSystemReader : public StorageReader {
 
   Metadata read_metadata() override;
   void read_data(std::vector<ChunkRead>& reads) override;
+  bool verify_data(std::vector<ChunkRead>& reads) override;
 
-  // Bytes the last read_data() read from data files.
-  int64_t bytes_read() const { return bytes_read_; }
+  // Bytes of data files checked against their checksums since read_metadata(): what
+  // the reads since then had to read.
+  int64_t bytes_read() const { return bytes_checked_; }
 
  private:
   struct OpenFile;
+  void run_reads(std::vector<ChunkRead>& reads, bool verify_only);
+
   std::string path_;
   // The files of the checkpoint read_metadata() returned, opened then, so that an
   // overwrite that deletes them cannot take them away.
   std::unordered_map<std::string, std::shared_ptr<OpenFile>> files_;
-  int64_t bytes_read_ = 0;
+  int64_t bytes_checked_ = 0;
 };
 
 }  // namespace stowage::dcp

@@ -62,6 +62,9 @@ struct ChunkRead {
   at::Tensor buffer;
   // The box to read, its offsets relative to the chunk (as in ReadItem); none: all of it.
   std::optional<ChunkBox> region;
+  // Set by the reader once it has checked the bytes to read against their checksums
+  // (StorageReader::verify_data); read_data then only copies them.
+  bool verified = false;
 };
 
 class StorageReader {
@@ -74,6 +77,13 @@ class StorageReader {
   // chunk's checksum or its block checksums. Throws Error naming the entry and the
   // file for a missing, short or corrupt chunk.
   virtual void read_data(std::vector<ChunkRead>& reads) = 0;
+  // Checks every read as read_data() would, filling no buffer, and marks them verified;
+  // throws like read_data(). load() then lets read_data() copy the bytes straight into
+  // the caller's tensors, once every read has passed, instead of reading everything
+  // into buffers of its own first. Only data files that change in place between the
+  // two calls (stowage never rewrites one) escape the check. A reader that cannot check
+  // without reading returns false and marks nothing (the default).
+  virtual bool verify_data(std::vector<ChunkRead>& /*reads*/) { return false; }
 };
 
 }  // namespace stowage::dcp
