@@ -129,7 +129,14 @@ DcpBenchResult run_dcp_bench(const DcpBenchOptions& options) {
           raw_s.push_back(seconds([&] {
             const int fd = ::open(raw_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
             if (fd < 0) throw Error(fmt::format("bench dcp: cannot create '{}'", raw_path));
-            for (const at::Tensor& t : tensors) write_all(fd, static_cast<const char*>(t.data_ptr()), t.nbytes(), raw_path);
+            // As fast as this disk takes sequential bytes: each piece's writeback starts
+            // as soon as it is written, as dcp::save does, then one fsync.
+            off_t offset = 0;
+            for (const at::Tensor& t : tensors) {
+              write_all(fd, static_cast<const char*>(t.data_ptr()), t.nbytes(), raw_path);
+              ::sync_file_range(fd, offset, static_cast<off_t>(t.nbytes()), SYNC_FILE_RANGE_WRITE);
+              offset += static_cast<off_t>(t.nbytes());
+            }
             ::fsync(fd);
             ::close(fd);
           }));

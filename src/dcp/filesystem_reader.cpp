@@ -249,15 +249,22 @@ void FileSystemReader::run_reads(std::vector<ChunkRead>& reads, bool verify_only
     // The chunk's bytes in the mapping; every range below lies inside them.
     const char* chunk_bytes = open.mapping->data() + location.offset;
     char* out = static_cast<char*>(read.buffer.data_ptr());
-    const auto truncated = [&] {
-      return Error(fmt::format("{} was truncated while being read: it has {} bytes now", where(), open.file.size()));
+    // A guarded read of the mapping faulted: the file shrank, or the device could not
+    // read a page (the kernel signals an I/O error on a mapped file the same way).
+    const auto unreadable = [&] {
+      const int64_t size_now = open.file.size();
+      if (size_now < open.size) {
+        return Error(fmt::format("{} was truncated while being read: it has {} bytes now", where(), size_now));
+      }
+      return Error(fmt::format("{}: cannot read '{}': Input/output error (a page of its mapping could not be read)",
+                               where(), open.file.path()));
     };
     const auto corrupt = [&](int64_t offset, int64_t length, uint64_t actual, uint64_t expected) {
       return Error(fmt::format("{} is corrupt: the bytes at offset {} ({} bytes) have checksum {:016x}, expected {:016x}",
                                where(), offset, length, actual, expected));
     };
     const auto copy = [&](char* destination, int64_t chunk_offset, int64_t length) {
-      if (!detail::guarded_copy(destination, chunk_bytes + chunk_offset, static_cast<size_t>(length))) throw truncated();
+      if (!detail::guarded_copy(destination, chunk_bytes + chunk_offset, static_cast<size_t>(length))) throw unreadable();
     };
     if (wanted == location.length) {
       // The whole chunk, checked against the chunk's checksum.
@@ -272,7 +279,7 @@ void FileSystemReader::run_reads(std::vector<ChunkRead>& reads, bool verify_only
         const int64_t piece = std::min(kChecksumBlockBytes, location.length - done);
         if (verify_only) {
           if (!detail::guarded_hash_update(state.get(), chunk_bytes + done, static_cast<size_t>(piece))) {
-            throw truncated();
+            throw unreadable();
           }
         } else {
           // Hash what was copied, while it is in cache: the buffer gets exactly the
@@ -305,7 +312,7 @@ void FileSystemReader::run_reads(std::vector<ChunkRead>& reads, bool verify_only
           if (!state) throw std::bad_alloc();
           XXH3_64bits_reset(state.get());
           if (!detail::guarded_hash_update(state.get(), chunk_bytes + begin, static_cast<size_t>(length))) {
-            throw truncated();
+            throw unreadable();
           }
           const uint64_t checksum = XXH3_64bits_digest(state.get());
           const uint64_t expected = blocked ? location.block_checksums[static_cast<size_t>(block)] : location.checksum;

@@ -6,6 +6,7 @@
 #include "dcp/test_util.h"
 #include "reliability/generations.h"
 #include "reliability/report.h"
+#include "reliability/resources.h"
 
 #include <stowage/error.h>
 #include <stowage/memory/host_buffer.h>
@@ -26,21 +27,6 @@ namespace {
 
 using dcp::testing::ScratchDir;
 namespace fs = std::filesystem;
-
-size_t entries_in(const char* dir) {
-  size_t count = 0;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    (void)entry;
-    ++count;
-  }
-  return count;
-}
-
-struct Resources {
-  size_t fds = entries_in("/proc/self/fd");
-  size_t threads = entries_in("/proc/self/task");
-  int64_t host_bytes = memory::host_buffer_stats().current_bytes;
-};
 
 // A tmpfs of `bytes` mounted on a scratch directory for the test's lifetime.
 class SmallFileSystem {

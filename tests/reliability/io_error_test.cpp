@@ -9,6 +9,7 @@
 #include "dcp/test_util.h"
 #include "reliability/generations.h"
 #include "reliability/report.h"
+#include "reliability/resources.h"
 
 #include <stowage/error.h>
 #include <stowage/memory/host_buffer.h>
@@ -35,21 +36,6 @@ namespace {
 
 using dcp::testing::ScratchDir;
 namespace fs = std::filesystem;
-
-size_t entries_in(const char* dir) {
-  size_t count = 0;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    (void)entry;
-    ++count;
-  }
-  return count;
-}
-
-struct Resources {
-  size_t fds = entries_in("/proc/self/fd");
-  size_t threads = entries_in("/proc/self/task");
-  int64_t host_bytes = memory::host_buffer_stats().current_bytes;
-};
 
 // An ext4 file system (4 KiB blocks, no journal so that a failed write cannot abort the
 // whole file system, errors=continue) in a sparse image file under a fresh scratch
