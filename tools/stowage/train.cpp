@@ -156,9 +156,9 @@ class Trainer {
     if (!progress_) return;
     if (first_step <= options_.steps) {
       progress_->message(fmt::format("done: steps {}-{} in {:.1f} s, loss {:.3f} -> {:.3f}, peak activations {}, "
-                                   "optimizer state resident between steps {}",
-                                   first_step, options_.steps, seconds_since(run_start), first_loss, last_loss,
-                                   format_bytes(peak_activation_bytes_), format_bytes(resident_bytes_)));
+                                     "optimizer state resident between steps {}",
+                                     first_step, options_.steps, seconds_since(run_start), first_loss, last_loss,
+                                     format_bytes(peak_activation_bytes_), format_bytes(resident_bytes_)));
     } else {
       progress_->message(fmt::format("nothing to do: the run is already at step {}", step_));
     }
