@@ -2,6 +2,7 @@
 
 #include <stowage/error.h>
 #include <stowage/optim/partition.h>
+#include <stowage/state/optimizer_layout.h>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -17,11 +18,6 @@ using GenericDict = c10::impl::GenericDict;
 int64_t parse_id(const std::string& text) {
   if (text.empty() || text.size() > 18 || text.find_first_not_of("0123456789") != std::string::npos) return -1;
   return std::stoll(text);
-}
-
-GenericDict require_dict(const c10::IValue& value, const std::string& where) {
-  if (!value.isGenericDict()) throw InvalidArgument(fmt::format("{} must be a dict, got {}", where, value.tagKind()));
-  return value.toGenericDict();
 }
 
 // A copy of the single param group of `groups`, listing `count` parameters from 0.
@@ -67,7 +63,7 @@ ShardedOptimizerState::ShardedOptimizerState(c10::intrusive_ptr<Stateful> local,
 
 StateDict ShardedOptimizerState::state_dict() {
   const StateDict local = local_->state_dict();
-  GenericDict states(c10::StringType::get(), c10::AnyType::get());
+  GenericDict states = new_layout_dict();
   for (const auto& item : require_dict(local.at("state"), "local optimizer state")) {
     const int64_t id = parse_id(item.key().toStringRef());
     states.insert(std::to_string(owned_.begin + id), item.value());
@@ -87,13 +83,14 @@ void ShardedOptimizerState::load_state_dict(const StateDict& state) {
   if (!groups.isList() || groups.toList().size() != 1) {
     throw InvalidArgument(where + ": the checkpoint's optimizer must have exactly one param group, as train's has");
   }
-  const c10::IValue ids = require_dict(groups.toList().get(0), where + ": param_groups.0").at("params");
+  const std::string group_where = where + ": param_groups.0";
+  const c10::IValue ids = require_entry(require_dict(groups.toList().get(0), group_where), "params", group_where);
   if (!ids.isIntList() || static_cast<int64_t>(ids.toIntList().size()) != total_params_) {
     throw InvalidArgument(fmt::format("{}: the checkpoint's optimizer has {} parameters, this model {}", where,
                                       ids.isIntList() ? std::to_string(ids.toIntList().size()) : "no list of",
                                       total_params_));
   }
-  GenericDict states(c10::StringType::get(), c10::AnyType::get());
+  GenericDict states = new_layout_dict();
   for (const auto& item : require_dict(state.at("state"), where + ": 'state'")) {
     const int64_t id = parse_id(item.key().toStringRef());
     if (id < 0 || id >= total_params_) {
