@@ -16,8 +16,6 @@
 #include <thread>
 #include <vector>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -37,19 +35,6 @@ void launch(int nproc, const std::string& commands) {
   for (int rank = 0; rank < nproc; ++rank) {
     EXPECT_NE(run.output.find(fmt::format("rank {} of {}: ok", rank, nproc)), std::string::npos) << run.output;
   }
-}
-
-// A port the kernel reports free now; rank 0's TCPStore binds it moments later.
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(addr);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length);
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 TEST(DcpDistributed, SavedWithNRanksLoadsWithMRanksAndAsyncSavesOnSeveralRanks) {
@@ -97,7 +82,7 @@ TEST(DcpDistributed, ARejectedAsyncSaveOnOneRankIsRejectedOnEveryRank) {
 void expect_survivors_name_the_dead_rank(int world, int dying_rank) {
   const ScratchDir dir;
   const std::string ckpt = dir.sub("ckpt");
-  const int port = free_port();
+  const int port = testing::free_port();
   const std::string command = fmt::format("die{}", dying_rank);
   std::vector<pid_t> ranks;
   for (int rank = 0; rank < world; ++rank) {

@@ -9,8 +9,6 @@
 
 #include <cstdlib>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 namespace stowage::dcp {
@@ -18,20 +16,9 @@ namespace {
 
 using testing::ScratchDir;
 
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(addr);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 ProcessGroup group_of_one() {
-  return init_process_group("127.0.0.1", free_port(), 0, 1, ProcessGroupOptions().timeout(std::chrono::seconds(20)));
+  return init_process_group("127.0.0.1", testing::free_port(), 0, 1,
+                            ProcessGroupOptions().timeout(std::chrono::seconds(20)));
 }
 
 TEST(DcpProcessGroup, TheEnvironmentIsCheckedNamingTheVariable) {

@@ -12,7 +12,10 @@
 #include <string>
 #include <vector>
 
+#include <netinet/in.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 namespace stowage::dcp::testing {
 
@@ -71,6 +74,19 @@ inline void write_file(const std::string& path, const std::string& bytes) {
 
 inline std::string metadata_path(const std::string& dir) {
   return dir + "/" + kMetadataFileName;
+}
+
+// A loopback port the kernel reports free now, for a TCPStore to bind moments later.
+inline int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(addr);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length);
+  close(fd);
+  return ntohs(addr.sin_port);
 }
 
 }  // namespace stowage::dcp::testing
