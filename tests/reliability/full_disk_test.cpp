@@ -4,6 +4,7 @@
 // file descriptor, thread or host buffer is left behind (counted before and after).
 
 #include "dcp/test_util.h"
+#include "reliability/failing_save.h"
 #include "reliability/generations.h"
 #include "reliability/report.h"
 #include "reliability/resources.h"
@@ -69,12 +70,6 @@ void fill(const std::string& path, int64_t bytes) {
   std::fclose(out);
 }
 
-struct SaveConfig {
-  const char* stager;  // "sync", "writer", "background"
-  bool single_file;
-  int64_t threads;
-};
-
 TEST(FullDisk, SavesIntoAFullFileSystemFailCleanlyAndLeakNothing) {
   const SmallFileSystem disk(8 << 20);
   if (!disk.mounted()) {
@@ -87,35 +82,16 @@ TEST(FullDisk, SavesIntoAFullFileSystemFailCleanlyAndLeakNothing) {
   // Leave less room than a generation needs (about 1.5 MiB), but some.
   fill(disk.sub("filler"), disk.free_bytes() - (600 << 10));
 
-  const std::vector<SaveConfig> configs = {{"sync", true, 1},      {"sync", false, 3},   {"writer", true, 3},
-                                           {"writer", false, 1},   {"background", true, 1}, {"background", false, 3}};
   dcp::DefaultStager background;
   int64_t failures = 0;
   StateDict training = generation_state(2);
   background.stage(training);  // its buffers are cached from here on: not a leak
   const Resources before;
   for (int round = 0; round < 3; ++round) {
-    for (const SaveConfig& config : configs) {
+    for (const SaveConfig& config : kSaveConfigs) {
       SCOPED_TRACE(fmt::format("{} single_file={} threads={}", config.stager, config.single_file, config.threads));
-      dcp::FileSystemWriter writer(
-          dir, dcp::FileSystemWriterOptions().single_file_per_rank(config.single_file).thread_count(config.threads));
-      std::string message;
-      try {
-        if (std::string(config.stager) == "sync") {
-          dcp::save(training, writer);
-        } else {
-          dcp::AsyncSaveResponse response = dcp::async_save(
-              training, writer, std::string(config.stager) == "background" ? &background : nullptr);
-          response.staging_completion.get();
-          // The training thread carries on while the write fails in the background.
-          fill_generation(training, 3 + round);
-          EXPECT_EQ(compare_to_generation(training, 3 + round), "");
-          response.upload_completion.get();
-        }
-        ADD_FAILURE() << "the save fit into a full file system";
-      } catch (const Error& e) {
-        message = e.what();
-      }
+      const std::string message =
+          failing_save_message(dir, config, training, background, 3 + round, "on a full file system");
       EXPECT_NE(message.find("No space left on device"), std::string::npos) << message;
       EXPECT_TRUE(message.find("data-") != std::string::npos || message.find(".tmp-") != std::string::npos)
           << message;

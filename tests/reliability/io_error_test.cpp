@@ -7,6 +7,7 @@
 // fail the same way and leave its target untouched.
 
 #include "dcp/test_util.h"
+#include "reliability/failing_save.h"
 #include "reliability/generations.h"
 #include "reliability/report.h"
 #include "reliability/resources.h"
@@ -195,12 +196,6 @@ std::vector<std::string> data_files(const std::vector<std::string>& names) {
   return data;
 }
 
-struct SaveConfig {
-  const char* stager;  // "sync", "writer", "background"
-  bool single_file;
-  int64_t threads;
-};
-
 TEST(IoErrors, SavesHittingEIOFailCleanlyAndLeakNothing) {
   LoopFileSystem disk;
   if (!disk.unavailable().empty()) GTEST_SKIP() << "no loop-mounted ext4 here: " << disk.unavailable();
@@ -220,35 +215,16 @@ TEST(IoErrors, SavesHittingEIOFailCleanlyAndLeakNothing) {
     ASSERT_EQ(compare_to_generation(loaded, 1), "");
   }
 
-  const std::vector<SaveConfig> configs = {{"sync", true, 1},      {"sync", false, 3},      {"writer", true, 3},
-                                           {"writer", false, 1},   {"background", true, 1}, {"background", false, 3}};
   dcp::DefaultStager background;
   StateDict training = generation_state(2);
   background.stage(training);  // its buffers are cached from here on: not a leak
   const Resources before;
   int64_t failures = 0;
   for (int round = 0; round < 2; ++round) {
-    for (const SaveConfig& config : configs) {
+    for (const SaveConfig& config : kSaveConfigs) {
       SCOPED_TRACE(fmt::format("{} single_file={} threads={}", config.stager, config.single_file, config.threads));
-      dcp::FileSystemWriter writer(
-          dir, dcp::FileSystemWriterOptions().single_file_per_rank(config.single_file).thread_count(config.threads));
-      std::string message;
-      try {
-        if (std::string(config.stager) == "sync") {
-          dcp::save(training, writer);
-        } else {
-          dcp::AsyncSaveResponse response = dcp::async_save(
-              training, writer, std::string(config.stager) == "background" ? &background : nullptr);
-          response.staging_completion.get();
-          // The training thread carries on while the write fails in the background.
-          fill_generation(training, 3 + round);
-          EXPECT_EQ(compare_to_generation(training, 3 + round), "");
-          response.upload_completion.get();
-        }
-        ADD_FAILURE() << "the save succeeded on a device that fails every new block";
-      } catch (const Error& e) {
-        message = e.what();
-      }
+      const std::string message =
+          failing_save_message(dir, config, training, background, 3 + round, "on a device that fails every new block");
       EXPECT_NE(message.find("Input/output error"), std::string::npos) << message;
       EXPECT_NE(message.find(dir + "/"), std::string::npos) << "the message names no file: " << message;
       if (failures == 0) std::printf("[first error] %s\n", message.c_str());
