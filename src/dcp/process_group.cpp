@@ -24,6 +24,8 @@
 #include <thread>
 #include <utility>
 
+#include <signal.h>
+
 namespace stowage::dcp {
 
 // What the collectives run on: ProcessGroupGloo's base class, which c10d renamed.
@@ -387,6 +389,18 @@ void ProcessGroup::broadcast(at::Tensor& tensor, int64_t root) const {
 
 namespace {
 
+// Gloo and the TCPStore write to their sockets without MSG_NOSIGNAL: once a peer has
+// died, the next write raises SIGPIPE, whose default action kills this process before
+// c10d can report the dead rank. Python ignores SIGPIPE at start-up and c10d relies on
+// it; a C++ program must do the same, unless it has chosen its own disposition.
+void ignore_sigpipe_unless_handled() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && (current.sa_flags & SA_SIGINFO) == 0 &&
+      current.sa_handler == SIG_DFL) {
+    signal(SIGPIPE, SIG_IGN);
+  }
+}
+
 // `attempt`: torchrun's restart count when its agent hosts the store, else empty.
 ProcessGroup join_group(const std::string& master_addr, int master_port, int64_t rank, int64_t world_size,
                         const std::string& attempt, const ProcessGroupOptions& options) {
@@ -403,6 +417,7 @@ ProcessGroup join_group(const std::string& master_addr, int master_port, int64_t
                                       "and {} ms",
                                       options.timeout().count(), options.check_in_timeout().count()));
   }
+  ignore_sigpipe_unless_handled();
   auto impl = std::make_shared<ProcessGroup::Impl>();
   impl->rank = rank;
   impl->size = world_size;

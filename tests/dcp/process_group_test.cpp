@@ -7,8 +7,10 @@
 
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <cstdlib>
 
+#include <signal.h>
 #include <unistd.h>
 
 namespace stowage::dcp {
@@ -56,6 +58,27 @@ TEST(DcpProcessGroup, ByteCollectivesOfAGroupOfOne) {
   group.barrier();
   const ProcessGroup async_group = group.async_save_group();
   EXPECT_EQ(async_group.all_gather("x"), std::vector<std::string>{"x"});
+}
+
+void program_sigpipe_handler(int) {}
+
+sighandler_t sigpipe_disposition() {
+  struct sigaction current {};
+  sigaction(SIGPIPE, nullptr, &current);
+  return current.sa_handler;
+}
+
+// A peer's death must reach c10d as EPIPE, not kill the survivor with SIGPIPE; a
+// handler the program installed itself is left alone.
+TEST(DcpProcessGroup, JoiningIgnoresSigpipeUnlessTheProgramHandlesIt) {
+  std::signal(SIGPIPE, SIG_DFL);
+  group_of_one();
+  EXPECT_EQ(sigpipe_disposition(), SIG_IGN);
+
+  std::signal(SIGPIPE, program_sigpipe_handler);
+  group_of_one();
+  EXPECT_EQ(sigpipe_disposition(), &program_sigpipe_handler);
+  std::signal(SIGPIPE, SIG_DFL);
 }
 
 TEST(DcpProcessGroup, ErrorsOfAGroupSaveOrLoadAreCheckpointErrorsAndChangeNothing) {

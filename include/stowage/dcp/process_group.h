@@ -115,6 +115,9 @@ class ProcessGroup {
 // restart's attempt, TORCHELASTIC_RESTART_COUNT, as in PyTorch, so that a restarted job
 // never reads its predecessor's). Throws InvalidArgument naming a
 // missing or malformed variable, and Error if the rendezvous fails within the timeout.
+// Joining sets SIGPIPE to ignored when it has its default action (as Python does at
+// start-up): c10d writes to the sockets of peers that may have died, and must get EPIPE,
+// not a killed process, to report them.
 ProcessGroup init_process_group_from_env(ProcessGroupOptions options = {});
 
 // The same with explicit values.
