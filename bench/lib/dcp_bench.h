@@ -24,11 +24,12 @@ struct DcpBenchResult {
   double memcpy_gbps = 0;          // copy into preallocated buffers: the staging limit
   double stage_cached_gbps = 0;    // BlockingAsyncStager, cached buffers, warm
   double stage_uncached_gbps = 0;  // BlockingAsyncStager, new buffers every call
-  double save_gbps = 0;            // dcp::save, sync_files on
+  double save_gbps = 0;            // dcp::save into an empty directory, sync_files on, 2 threads
+  double save_one_thread_gbps = 0;  // the same with the default thread_count, 1
   double raw_write_gbps = 0;       // the same bytes written sequentially + fsync: the disk limit
   double torch_save_gbps = 0;      // torch::save of the same tensors + fsync
   double load_gbps = 0;            // dcp::load into preallocated tensors (checksums verified)
-  double torch_load_gbps = 0;      // torch::load of the torch::save file
+  double torch_load_gbps = 0;      // torch::load of the torch::save file into fresh memory, as at start-up
   double async_block_s = 0;        // caller blocked by async_save (writer's cached staging)
   double stage_s = 0;              // a blocking cached stage of the same state
   double async_block_default_stager_s = 0;  // caller blocked by async_save with a DefaultStager
