@@ -26,7 +26,7 @@ struct DcpBenchResult {
   double stage_uncached_gbps = 0;  // BlockingAsyncStager, new buffers every call
   double save_gbps = 0;            // dcp::save into an empty directory, sync_files on, 2 threads
   double save_one_thread_gbps = 0;  // the same with the default thread_count, 1
-  double raw_write_gbps = 0;       // the same bytes written sequentially + fsync: the disk limit
+  double raw_write_gbps = 0;       // the same bytes written sequentially + one fsync (dd conv=fsync)
   double torch_save_gbps = 0;      // torch::save of the same tensors + fsync
   double load_gbps = 0;            // dcp::load into preallocated tensors (checksums verified)
   double torch_load_gbps = 0;      // torch::load of the torch::save file into fresh memory, as at start-up

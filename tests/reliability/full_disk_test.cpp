@@ -103,14 +103,8 @@ TEST(FullDisk, SavesIntoAFullFileSystemFailCleanlyAndLeakNothing) {
       EXPECT_EQ(compare_to_generation(loaded, 1), "");
     }
   }
-  const Resources after;
-  EXPECT_EQ(after.fds, before.fds);
-  EXPECT_EQ(after.threads, before.threads);
-  EXPECT_EQ(after.host_bytes, before.host_bytes);
   record_figure("full_disk.enospc_saves_failed_cleanly", failures);
-  record_figure("full_disk.fd_delta", static_cast<int64_t>(after.fds) - static_cast<int64_t>(before.fds));
-  record_figure("full_disk.thread_delta", static_cast<int64_t>(after.threads) - static_cast<int64_t>(before.threads));
-  record_figure("full_disk.host_buffer_delta", after.host_bytes - before.host_bytes);
+  expect_nothing_leaked_since(before, "full_disk");
 }
 
 TEST(FullDisk, AFailedMetadataCommitLeavesThePreviousCheckpoint) {
@@ -182,9 +176,7 @@ TEST(IoErrors, RunningOutOfFileDescriptorsFailsSavesAndLoadsCleanly) {
   EXPECT_EQ(dcp::testing::list_files(dir), committed);
   dcp::load(loaded, dir);
   EXPECT_EQ(compare_to_generation(loaded, 1), "");
-  const Resources after;
-  EXPECT_EQ(after.fds, before.fds);
-  EXPECT_EQ(after.threads, before.threads);
+  expect_nothing_leaked_since(before);
 }
 
 }  // namespace

@@ -237,14 +237,8 @@ TEST(IoErrors, SavesHittingEIOFailCleanlyAndLeakNothing) {
       EXPECT_EQ(compare_to_generation(loaded, 1), "");
     }
   }
-  const Resources after;
-  EXPECT_EQ(after.fds, before.fds);
-  EXPECT_EQ(after.threads, before.threads);
-  EXPECT_EQ(after.host_bytes, before.host_bytes);
   record_figure("io_error.eio_saves_failed_cleanly", failures);
-  record_figure("io_error.fd_delta", static_cast<int64_t>(after.fds) - static_cast<int64_t>(before.fds));
-  record_figure("io_error.thread_delta", static_cast<int64_t>(after.threads) - static_cast<int64_t>(before.threads));
-  record_figure("io_error.host_buffer_delta", after.host_bytes - before.host_bytes);
+  expect_nothing_leaked_since(before, "io_error");
 }
 
 TEST(IoErrors, ALoadHittingEIOFailsAndLeavesItsTargetUntouched) {
@@ -282,10 +276,7 @@ TEST(IoErrors, ALoadHittingEIOFailsAndLeavesItsTargetUntouched) {
   std::printf("[error] %s\n", message.c_str());
   EXPECT_EQ(compare_to_generation(loaded, -1), "") << "a failed load changed the target";
   EXPECT_EQ(dcp::testing::list_files(dir), committed);
-  const Resources after;
-  EXPECT_EQ(after.fds, before.fds);
-  EXPECT_EQ(after.threads, before.threads);
-  EXPECT_EQ(after.host_bytes, before.host_bytes);
+  expect_nothing_leaked_since(before);
   record_figure("io_error.eio_loads_failed_cleanly", 1);
 }
 

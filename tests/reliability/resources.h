@@ -3,11 +3,16 @@
 // What a failed save must not leak: open descriptors, threads and host buffer bytes of
 // this process, counted before and compared after.
 
+#include "reliability/report.h"
+
 #include <stowage/memory/host_buffer.h>
+
+#include <gtest/gtest.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <string>
 
 namespace stowage::reliability {
 
@@ -25,5 +30,20 @@ struct Resources {
   size_t threads = entries_in("/proc/self/task");
   int64_t host_bytes = memory::host_buffer_stats().current_bytes;
 };
+
+// Expects the counts to be back where they were at `before`. With a figure prefix, also
+// records the three differences as "<prefix>.fd_delta", ".thread_delta" and
+// ".host_buffer_delta".
+inline void expect_nothing_leaked_since(const Resources& before, const std::string& figure_prefix = "") {
+  const Resources after;
+  EXPECT_EQ(after.fds, before.fds);
+  EXPECT_EQ(after.threads, before.threads);
+  EXPECT_EQ(after.host_bytes, before.host_bytes);
+  if (figure_prefix.empty()) return;
+  record_figure(figure_prefix + ".fd_delta", static_cast<int64_t>(after.fds) - static_cast<int64_t>(before.fds));
+  record_figure(figure_prefix + ".thread_delta",
+                static_cast<int64_t>(after.threads) - static_cast<int64_t>(before.threads));
+  record_figure(figure_prefix + ".host_buffer_delta", after.host_bytes - before.host_bytes);
+}
 
 }  // namespace stowage::reliability
