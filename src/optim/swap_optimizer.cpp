@@ -374,8 +374,10 @@ at::Tensor SwapOptimizer::step(torch::optim::Optimizer::LossClosure closure) {
 // Updates one parameter, or (on an exception) changes nothing: the update allocates
 // before it writes, and step() has checked its inputs. The step count moves only once the
 // update is done.
-void SwapOptimizer::update_unit(Unit& unit, const std::vector<at::Tensor>& tensors) {
+void SwapOptimizer::update_unit(Unit& unit, const std::function<at::Tensor(const UnitSlot&)>& swapped_state) {
   if (!unit.has_grad) return;
+  std::vector<at::Tensor> tensors(detail::kSlotCount);
+  for (const UnitSlot& slot : unit.slots) tensors[slot.slot] = slot.swapped ? swapped_state(slot) : *slot.holder;
   const auto& options = optimizer_->param_groups()[unit.group].options();
   const detail::AdamHyperParams hyper = detail::adam_hyper_params(options, family_ != Family::kAdam);
   if (update_fault_) update_fault_(unit.index);
@@ -548,11 +550,7 @@ void SwapOptimizer::run_packed(std::vector<Unit>& units, const std::vector<int64
     for (int64_t b = 0; b < batches; ++b) {
       engine_->wait_compute(uploaded[b]);
       for (size_t u = first_unit[b]; u < first_unit[b + 1]; ++u) {
-        std::vector<at::Tensor> tensors(detail::kSlotCount);
-        for (const UnitSlot& slot : units[u].slots) {
-          tensors[slot.slot] = slot.swapped ? state_view(b, slot) : *slot.holder;
-        }
-        update_unit(units[u], tensors);
+        update_unit(units[u], [&](const UnitSlot& slot) { return state_view(b, slot); });
         processed = u + 1;
       }
       engine_->wait(CopyLane::kDeviceToHost, engine_->record_compute());
@@ -650,11 +648,7 @@ void SwapOptimizer::run_per_tensor(std::vector<Unit>& units, const std::vector<i
     for (int64_t b = 0; b < batches; ++b) {
       engine_->wait_compute(uploaded[b]);
       for (size_t u = first_unit[b]; u < first_unit[b + 1]; ++u) {
-        std::vector<at::Tensor> tensors = staged[b][u - first_unit[b]];
-        for (const UnitSlot& slot : units[u].slots) {
-          if (!slot.swapped) tensors[slot.slot] = *slot.holder;
-        }
-        update_unit(units[u], tensors);
+        update_unit(units[u], [&](const UnitSlot& slot) { return staged[b][u - first_unit[b]][slot.slot]; });
         processed = u + 1;
       }
       engine_->wait(CopyLane::kDeviceToHost, engine_->record_compute());

@@ -62,6 +62,7 @@ class SwapOptimizer;
 namespace detail {
 enum class Family;
 struct Unit;
+struct UnitSlot;
 struct SlotRequest;
 void set_update_fault_injector(SwapOptimizer& optimizer, std::function<void(int64_t param_index)> injector);
 }  // namespace detail
@@ -106,7 +107,9 @@ class SwapOptimizer final : public Stateful {
                                                 const std::vector<std::pair<const void*, int>>& pending);
   void run_packed(std::vector<detail::Unit>& units, const std::vector<int64_t>& batch_sizes);
   void run_per_tensor(std::vector<detail::Unit>& units, const std::vector<int64_t>& batch_sizes);
-  void update_unit(detail::Unit& unit, const std::vector<at::Tensor>& tensors);
+  // Adam's update of one parameter that has a gradient; its swapped states are
+  // `swapped_state(slot)` (device copies), the others its own.
+  void update_unit(detail::Unit& unit, const std::function<at::Tensor(const detail::UnitSlot&)>& swapped_state);
   [[noreturn]] void recover_from_failure(std::exception_ptr cause, const std::vector<detail::Unit>& units,
                                          const std::vector<size_t>& first_unit, size_t processed,
                                          const std::function<bool(int64_t)>& downloaded,
