@@ -53,6 +53,16 @@ double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
+// Runs the measurements kRounds times in turns: each round starts with the next one and
+// odd rounds run backwards, so that none always comes first or follows the same one
+// (two swap places every round).
+void take_turns(const std::vector<std::function<void()>>& measurements) {
+  const size_t n = measurements.size();
+  for (int i = 0; i < kRounds; ++i) {
+    for (size_t k = 0; k < n; ++k) measurements[(i % 2 == 0 ? i + k : i + n - k) % n]();
+  }
+}
+
 template <typename Fn>
 double best_of(int repetitions, Fn&& fn) {
   double best = std::numeric_limits<double>::infinity();
@@ -133,7 +143,7 @@ DcpBenchResult run_dcp_bench(const DcpBenchOptions& options) {
       std::filesystem::remove_all(checkpoint);
       times.push_back(seconds([&] { dcp::save(state, w); }));
     };
-    const std::vector<std::function<void()>> writers{
+    take_turns({
         [&] {
           std::filesystem::remove(raw_path);
           raw_s.push_back(seconds([&] {
@@ -158,13 +168,7 @@ DcpBenchResult run_dcp_bench(const DcpBenchOptions& options) {
             torch::save(tensors, torch_path);
             fsync_path(torch_path);
           }));
-        }};
-    // Each round starts with the next writer, and odd rounds run backwards, so that
-    // none always comes first or follows the same one.
-    const size_t n = writers.size();
-    for (int i = 0; i < kRounds; ++i) {
-      for (size_t k = 0; k < n; ++k) writers[(i % 2 == 0 ? i + k : i + n - k) % n]();
-    }
+        }});
     r.raw_write_gbps = gbps(r.bytes, median(raw_s));
     r.save_gbps = gbps(r.bytes, median(save_s));
     r.save_one_thread_gbps = gbps(r.bytes, median(one_thread_save_s));
@@ -175,32 +179,24 @@ DcpBenchResult run_dcp_bench(const DcpBenchOptions& options) {
     StateDict target;
     for (const auto& item : state) target.insert(item.key(), torch::zeros_like(item.value().toTensor()));
     std::vector<double> torch_s, load_s;
-    for (int i = 0; i < kRounds; ++i) {
-      const auto time_torch_load = [&] {
-        std::vector<at::Tensor> loaded;
-        // A job loads its checkpoint at start-up, into memory it has never used; here glibc
-        // would instead hand torch::load the pages the previous round freed. Returning them
-        // to the kernel first gives torch::load the conditions of a fresh process.
-        malloc_trim(0);
-        torch_s.push_back(seconds([&] { torch::load(loaded, torch_path); }));
-        if (loaded.size() != tensors.size() || !torch::equal(loaded.back(), tensors.back())) {
-          throw Error("bench dcp: torch::load returned different tensors");
-        }
-      };
-      const auto time_load = [&] {
-        load_s.push_back(seconds([&] { dcp::load(target, checkpoint); }));
-        if (!torch::equal(target.at("layers.0.weight").toTensor(), tensors.front())) {
-          throw Error("bench dcp: dcp::load returned different tensors");
-        }
-      };
-      if (i % 2 == 0) {
-        time_torch_load();
-        time_load();
-      } else {
-        time_load();
-        time_torch_load();
+    const auto time_torch_load = [&] {
+      std::vector<at::Tensor> loaded;
+      // A job loads its checkpoint at start-up, into memory it has never used; here glibc
+      // would instead hand torch::load the pages the previous round freed. Returning them
+      // to the kernel first gives torch::load the conditions of a fresh process.
+      malloc_trim(0);
+      torch_s.push_back(seconds([&] { torch::load(loaded, torch_path); }));
+      if (loaded.size() != tensors.size() || !torch::equal(loaded.back(), tensors.back())) {
+        throw Error("bench dcp: torch::load returned different tensors");
       }
-    }
+    };
+    const auto time_load = [&] {
+      load_s.push_back(seconds([&] { dcp::load(target, checkpoint); }));
+      if (!torch::equal(target.at("layers.0.weight").toTensor(), tensors.front())) {
+        throw Error("bench dcp: dcp::load returned different tensors");
+      }
+    };
+    take_turns({time_torch_load, time_load});
     std::filesystem::remove(torch_path);
     r.torch_load_gbps = gbps(r.bytes, median(torch_s));
     r.load_gbps = gbps(r.bytes, median(load_s));
@@ -213,21 +209,13 @@ DcpBenchResult run_dcp_bench(const DcpBenchOptions& options) {
     dcp::FileSystemWriter writer(checkpoint, dcp::FileSystemWriterOptions().cache_staged_state_dict(true));
     dcp::async_save(state, writer).upload_completion.get();
     std::vector<double> stage_s, async_s;
-    for (int i = 0; i < kRounds; ++i) {
-      const auto time_stage = [&] { stage_s.push_back(seconds([&] { cached.stage(state); })); };
-      const auto time_async_save = [&] {
-        std::shared_future<dcp::Metadata> upload;
-        async_s.push_back(seconds([&] { upload = dcp::async_save(state, writer).upload_completion; }));
-        upload.get();
-      };
-      if (i % 2 == 0) {
-        time_stage();
-        time_async_save();
-      } else {
-        time_async_save();
-        time_stage();
-      }
-    }
+    const auto time_stage = [&] { stage_s.push_back(seconds([&] { cached.stage(state); })); };
+    const auto time_async_save = [&] {
+      std::shared_future<dcp::Metadata> upload;
+      async_s.push_back(seconds([&] { upload = dcp::async_save(state, writer).upload_completion; }));
+      upload.get();
+    };
+    take_turns({time_stage, time_async_save});
     r.stage_s = median(stage_s);
     r.async_block_s = median(async_s);
     dcp::DefaultStager stager;
