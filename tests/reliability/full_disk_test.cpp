@@ -5,6 +5,7 @@
 
 #include "dcp/test_util.h"
 #include "reliability/failing_save.h"
+#include "reliability/file_space.h"
 #include "reliability/generations.h"
 #include "reliability/report.h"
 #include "reliability/resources.h"
@@ -58,18 +59,6 @@ class SmallFileSystem {
   std::string error_;
 };
 
-void fill(const std::string& path, int64_t bytes) {
-  std::string block(1 << 16, 'x');
-  FILE* out = std::fopen(path.c_str(), "wb");
-  ASSERT_NE(out, nullptr);
-  for (int64_t done = 0; done < bytes;) {
-    const size_t n = static_cast<size_t>(std::min<int64_t>(bytes - done, static_cast<int64_t>(block.size())));
-    if (std::fwrite(block.data(), 1, n, out) != n) break;
-    done += static_cast<int64_t>(n);
-  }
-  std::fclose(out);
-}
-
 TEST(FullDisk, SavesIntoAFullFileSystemFailCleanlyAndLeakNothing) {
   const SmallFileSystem disk(8 << 20);
   if (!disk.mounted()) {
@@ -80,7 +69,7 @@ TEST(FullDisk, SavesIntoAFullFileSystemFailCleanlyAndLeakNothing) {
   dcp::save(generation_state(1), dir);
   const std::vector<std::string> committed = dcp::testing::list_files(dir);
   // Leave less room than a generation needs (about 1.5 MiB), but some.
-  fill(disk.sub("filler"), disk.free_bytes() - (600 << 10));
+  fill_synced(disk.sub("filler"), disk.free_bytes() - (600 << 10));
 
   dcp::DefaultStager background;
   int64_t failures = 0;
@@ -118,7 +107,7 @@ TEST(FullDisk, AFailedMetadataCommitLeavesThePreviousCheckpoint) {
   for (const std::string& name : first.files()) {
     data_pages += (static_cast<int64_t>(fs::file_size(dir + "/" + name)) + 4095) / 4096;
   }
-  fill(disk.sub("filler"), disk.free_bytes() - data_pages * 4096);
+  fill_synced(disk.sub("filler"), disk.free_bytes() - data_pages * 4096);
   ASSERT_EQ(disk.free_bytes(), data_pages * 4096);
   try {
     dcp::save(generation_state(2), dir);

@@ -8,6 +8,7 @@
 
 #include "dcp/test_util.h"
 #include "reliability/failing_save.h"
+#include "reliability/file_space.h"
 #include "reliability/generations.h"
 #include "reliability/report.h"
 #include "reliability/resources.h"
@@ -160,21 +161,6 @@ class LoopFileSystem {
   bool mounted_ = false;
   std::string unavailable_ = "not set up";
 };
-
-// Writes `bytes` to `path` and syncs them, so that their blocks are allocated on disk.
-void fill_synced(const std::string& path, int64_t bytes) {
-  const std::string block(1 << 20, 'x');
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  ASSERT_GE(fd, 0) << std::strerror(errno);
-  for (int64_t done = 0; done < bytes;) {
-    const size_t n = static_cast<size_t>(std::min<int64_t>(bytes - done, static_cast<int64_t>(block.size())));
-    const ssize_t written = ::write(fd, block.data(), n);
-    ASSERT_GT(written, 0) << std::strerror(errno);
-    done += written;
-  }
-  ASSERT_EQ(::fsync(fd), 0) << std::strerror(errno);
-  ::close(fd);
-}
 
 // Drops the clean cached pages of the files `names` in `dir`, so that the next read goes
 // to the device.
