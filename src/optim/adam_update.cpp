@@ -11,19 +11,9 @@ namespace stowage::optim::detail {
 
 AdamHyperParams adam_hyper_params(const torch::optim::OptimizerOptions& options, bool decoupled_weight_decay) {
   AdamHyperParams hyper;
-  auto read = [&](const auto& o) {
-    hyper.lr = o.lr();
-    hyper.beta1 = std::get<0>(o.betas());
-    hyper.beta2 = std::get<1>(o.betas());
-    hyper.eps = o.eps();
-    hyper.weight_decay = o.weight_decay();
-    hyper.amsgrad = o.amsgrad();
-  };
-  if (decoupled_weight_decay) {
-    read(static_cast<const torch::optim::AdamWOptions&>(options));
-  } else {
-    read(static_cast<const torch::optim::AdamOptions&>(options));
-  }
+  static_cast<AdamOptionValues&>(hyper) =
+      decoupled_weight_decay ? adam_option_values(static_cast<const torch::optim::AdamWOptions&>(options))
+                             : adam_option_values(static_cast<const torch::optim::AdamOptions&>(options));
   hyper.decoupled_weight_decay = decoupled_weight_decay;
   return hyper;
 }

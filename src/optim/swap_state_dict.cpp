@@ -24,13 +24,10 @@ using detail::Source;
 namespace {
 
 void apply_options(Family family, const AdamOptionValues& v, torch::optim::OptimizerOptions& options) {
-  auto apply = [&](auto& o) {
-    o.lr(v.lr).betas(std::make_tuple(v.beta1, v.beta2)).eps(v.eps).weight_decay(v.weight_decay).amsgrad(v.amsgrad);
-  };
   if (family == Family::kAdam) {
-    apply(static_cast<torch::optim::AdamOptions&>(options));
+    apply_adam_options(v, static_cast<torch::optim::AdamOptions&>(options));
   } else {
-    apply(static_cast<torch::optim::AdamWOptions&>(options));
+    apply_adam_options(v, static_cast<torch::optim::AdamWOptions&>(options));
   }
 }
 

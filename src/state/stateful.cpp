@@ -70,16 +70,12 @@ OptimizerKind adam_like(const char* name) {
   kind.tensor_keys = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
   kind.has_step = true;
   kind.write_options = [](const torch::optim::OptimizerOptions& base, c10::impl::GenericDict& out) {
-    const auto& o = static_cast<const Options&>(base);
-    write_adam_options({o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(), o.amsgrad()},
-                       out);
+    write_adam_options(adam_option_values(static_cast<const Options&>(base)), out);
   };
   kind.read_options = [](const c10::impl::GenericDict& in, const std::string& where) {
     const AdamOptionValues v = read_adam_options(in, where);
-    return std::function<void(torch::optim::OptimizerOptions&)>([=](torch::optim::OptimizerOptions& base) {
-      auto& o = static_cast<Options&>(base);
-      o.lr(v.lr).betas(std::make_tuple(v.beta1, v.beta2)).eps(v.eps).weight_decay(v.weight_decay).amsgrad(v.amsgrad);
-    });
+    return std::function<void(torch::optim::OptimizerOptions&)>(
+        [=](torch::optim::OptimizerOptions& base) { apply_adam_options(v, static_cast<Options&>(base)); });
   };
   kind.read_state = [](const torch::optim::OptimizerParamState& base) {
     const auto& s = static_cast<const State&>(base);

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace torch::optim {
@@ -78,5 +79,16 @@ struct AdamOptionValues {
 };
 void write_adam_options(const AdamOptionValues& options, c10::impl::GenericDict& group);
 AdamOptionValues read_adam_options(const c10::impl::GenericDict& group, const std::string& where);
+
+// The values of a torch::optim::AdamOptions or AdamWOptions (they share these setters
+// and getters), and back.
+template <typename AdamLikeOptions>
+AdamOptionValues adam_option_values(const AdamLikeOptions& o) {
+  return {o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(), o.amsgrad()};
+}
+template <typename AdamLikeOptions>
+void apply_adam_options(const AdamOptionValues& v, AdamLikeOptions& o) {
+  o.lr(v.lr).betas(std::make_tuple(v.beta1, v.beta2)).eps(v.eps).weight_decay(v.weight_decay).amsgrad(v.amsgrad);
+}
 
 }  // namespace stowage
