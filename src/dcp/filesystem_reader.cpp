@@ -1,4 +1,5 @@
 #include "dcp/file_io.h"
+#include "dcp/hash_state.h"
 #include "dcp/internal.h"
 #include "dcp/mapped_file.h"
 
@@ -272,9 +273,7 @@ void FileSystemReader::run_reads(std::vector<ChunkRead>& reads, bool verify_only
         copy(out, 0, location.length);
         return;
       }
-      std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> state(XXH3_createState(), XXH3_freeState);
-      if (!state) throw std::bad_alloc();
-      XXH3_64bits_reset(state.get());
+      const detail::HashState state = detail::new_hash_state();
       for (int64_t done = 0; done < location.length; done += kChecksumBlockBytes) {
         const int64_t piece = std::min(kChecksumBlockBytes, location.length - done);
         if (verify_only) {
@@ -308,9 +307,7 @@ void FileSystemReader::run_reads(std::vector<ChunkRead>& reads, bool verify_only
         for (int64_t block = first; block <= last; ++block) {
           const int64_t begin = block * block_bytes;
           const int64_t length = std::min(block_bytes, location.length - begin);
-          std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> state(XXH3_createState(), XXH3_freeState);
-          if (!state) throw std::bad_alloc();
-          XXH3_64bits_reset(state.get());
+          const detail::HashState state = detail::new_hash_state();
           if (!detail::guarded_hash_update(state.get(), chunk_bytes + begin, static_cast<size_t>(length))) {
             throw unreadable();
           }

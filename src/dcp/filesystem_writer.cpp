@@ -1,5 +1,6 @@
 #include "dcp/copy_ahead.h"
 #include "dcp/file_io.h"
+#include "dcp/hash_state.h"
 #include "dcp/internal.h"
 
 #include <stowage/dcp/filesystem.h>
@@ -229,29 +230,22 @@ std::vector<WriteResult> FileSystemWriter::write_data(const SavePlan& plan, std:
         const at::Tensor host = host_bytes.take(n);
         const int64_t length = static_cast<int64_t>(host.nbytes());
         const char* bytes = static_cast<const char*>(host.data_ptr());
-        XXH3_state_t* state = XXH3_createState();
-        XXH3_64bits_reset(state);
-        try {
-          for (int64_t done = 0; done < length; done += kPieceBytes) {
-            const int64_t piece = std::min(kPieceBytes, length - done);
-            // Block by block, so that the second hash reads what the first left in cache.
-            for (int64_t block = 0; block < piece; block += kChecksumBlockBytes) {
-              const char* block_bytes = bytes + done + block;
-              const size_t block_length = static_cast<size_t>(std::min(kChecksumBlockBytes, piece - block));
-              XXH3_64bits_update(state, block_bytes, block_length);
-              if (length > kChecksumBlockBytes) {
-                result.location.block_checksums.push_back(XXH3_64bits(block_bytes, block_length));
-              }
+        const detail::HashState state = detail::new_hash_state();
+        for (int64_t done = 0; done < length; done += kPieceBytes) {
+          const int64_t piece = std::min(kPieceBytes, length - done);
+          // Block by block, so that the second hash reads what the first left in cache.
+          for (int64_t block = 0; block < piece; block += kChecksumBlockBytes) {
+            const char* block_bytes = bytes + done + block;
+            const size_t block_length = static_cast<size_t>(std::min(kChecksumBlockBytes, piece - block));
+            XXH3_64bits_update(state.get(), block_bytes, block_length);
+            if (length > kChecksumBlockBytes) {
+              result.location.block_checksums.push_back(XXH3_64bits(block_bytes, block_length));
             }
-            file.write_at(bytes + done, piece, result.location.offset + done);
-            if (options_.sync_files()) file.start_writeback(result.location.offset + done, piece);
           }
-        } catch (...) {
-          XXH3_freeState(state);
-          throw;
+          file.write_at(bytes + done, piece, result.location.offset + done);
+          if (options_.sync_files()) file.start_writeback(result.location.offset + done, piece);
         }
-        result.location.checksum = XXH3_64bits_digest(state);
-        XXH3_freeState(state);
+        result.location.checksum = XXH3_64bits_digest(state.get());
         result.location.length = length;
         end = result.location.offset + length;
       }
