@@ -17,13 +17,6 @@
 namespace stowage::cli {
 namespace {
 
-std::string self_path() {
-  std::error_code error;
-  const std::filesystem::path path = std::filesystem::read_symlink("/proc/self/exe", error);
-  if (error) throw Error("bench dcp: cannot find the stowage executable (/proc/self/exe)");
-  return path.string();
-}
-
 // The distributed save measurement with `nproc` ranks, each a process running this
 // tool as a rank; returns the aggregate GB/s rank 0 reports.
 double distributed_save_gbps(const bench::DcpBenchOptions& options, int nproc) {
@@ -31,9 +24,10 @@ double distributed_save_gbps(const bench::DcpBenchOptions& options, int nproc) {
   std::string scratch = parent + "/stowage-bench-dcp-ranks-XXXXXX";
   if (mkdtemp(scratch.data()) == nullptr) throw Error(fmt::format("bench dcp: cannot create a directory in '{}'", parent));
   const std::string result_file = scratch + "/result";
-  const int status = launch_ranks(nproc, 0, std::chrono::seconds(10),
-                                  {self_path(), "bench", "dcp", "--as-rank", "--size-mib", std::to_string(options.size_mib),
-                                   "--dir", scratch + "/checkpoint", "--result-file", result_file});
+  const int status =
+      launch_ranks(nproc, 0, std::chrono::seconds(10),
+                   {executable_path(), "bench", "dcp", "--as-rank", "--size-mib", std::to_string(options.size_mib),
+                    "--dir", scratch + "/checkpoint", "--result-file", result_file});
   std::ifstream in(result_file);
   double gbps = 0;
   const bool read = static_cast<bool>(in >> gbps);

@@ -22,5 +22,7 @@ void add_bench_dcp(CLI::App& bench);
 // Runs `command` as ranks 0..nproc-1 with torchrun's environment (port 0: a free one);
 // returns the first failed rank's exit status, or 0.
 int launch_ranks(int nproc, int port, std::chrono::seconds grace, const std::vector<std::string>& command);
+// The absolute path of this executable, to start it again as ranks.
+std::string executable_path();
 
 }  // namespace stowage::cli

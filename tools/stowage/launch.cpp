@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
 #include <vector>
 
@@ -48,6 +49,13 @@ int exit_status(int status) {
 }
 
 }  // namespace
+
+std::string executable_path() {
+  std::error_code error;
+  const std::filesystem::path path = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (error) throw Error(fmt::format("cannot find the stowage executable (/proc/self/exe): {}", error.message()));
+  return path.string();
+}
 
 int launch_ranks(int nproc, int port, std::chrono::seconds grace, const std::vector<std::string>& command) {
   if (command.empty()) throw InvalidArgument("launch: no command given after --");

@@ -88,7 +88,7 @@ std::vector<std::string> own_command_line() {
   std::vector<std::string> args;
   for (std::string arg; std::getline(file, arg, '\0');) args.push_back(arg);
   if (args.empty()) throw Error("train --nproc: cannot read /proc/self/cmdline");
-  args[0] = fs::read_symlink("/proc/self/exe").string();
+  args[0] = executable_path();
   return args;
 }
 
