@@ -1,0 +1,44 @@
+// `stowage bench dcp`: the JSON object the checkpoint-engine issue specifies, from a real
+// (small) run; no figure is judged here, benchmarks are not timed tests.
+
+#include "cli/cli_util.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <sstream>
+
+#include <unistd.h>
+
+namespace stowage::testing {
+namespace {
+namespace fs = std::filesystem;
+
+TEST(BenchDcp, JsonHasEveryFigureAndTheScratchSpaceIsRemoved) {
+  const fs::path dir = fs::temp_directory_path() / ("stowage-bench-test-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const auto result =
+      run_command(stowage_binary() + " bench dcp --size-mib 4 --nproc 2 --json --dir " + dir.string());
+  ASSERT_EQ(result.status, 0) << result.output;
+  // The JSON object is the last line; LibTorch may have logged before it.
+  std::istringstream lines(result.output);
+  std::string last;
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.empty() && line.front() == '{') last = line;
+  }
+  const nlohmann::json figures = nlohmann::json::parse(last);
+  for (const char* key : {"memcpy_gbps", "stage_cached_gbps", "stage_uncached_gbps", "save_gbps",
+                          "save_one_thread_gbps", "raw_write_gbps", "torch_save_gbps", "load_gbps", "torch_load_gbps",
+                          "async_block_s", "stage_s", "aggregate_save_gbps"}) {
+    ASSERT_TRUE(figures.contains(key)) << key << " missing from " << last;
+    EXPECT_GT(figures[key].get<double>(), 0) << key;
+  }
+  EXPECT_EQ(figures["ranks"].get<int>(), 2);
+  EXPECT_EQ(figures["bytes"].get<int64_t>(), int64_t(4) << 20);
+  EXPECT_TRUE(fs::is_empty(dir)) << "the benchmark left files in " << dir;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace stowage::testing
