@@ -8,9 +8,12 @@ packages=(
   libtorch-dev libgloo-dev libopenblas0-pthread
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libxxhash-dev
-  clang-14 libclang-rt-14-dev  # the fuzzers (scripts/fuzz.sh): libFuzzer, ASan, UBSan
   e2fsprogs  # mkfs.ext4 for the EIO tests (tests/reliability/io_error_test.cpp)
+  python3 python3-venv  # the torch wheel's environment (scripts/python_env.sh)
 )
+# The fuzzers of the reliability passes (scripts/fuzz.sh: libFuzzer, ASan, UBSan), unless
+# they are off (STOWAGE_TEST_EXTRA=0, as in scripts/test_debian13.sh's newer Debian).
+if [ "${STOWAGE_TEST_EXTRA:-1}" != 0 ]; then packages+=(clang-14 libclang-rt-14-dev); fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
-# The whole test suite from a fresh Debian 12 machine: set-up, build, ctest; then, unless
-# ctest arguments were given or STOWAGE_TEST_EXTRA=0, the reliability passes
-# (docs/reliability.md): the ASan + UBSan build of the dcp, reliability, activation and
-# optim suites, and bounded fuzzing.
+# The whole test suite from a fresh Debian 12 machine, on both LibTorchs: for each of
+# Debian's 1.13.1 and PyPI's 2.11.0 wheel (a CUDA build, here on the CPU) set-up, build and
+# ctest; then, unless ctest arguments were given or STOWAGE_TEST_EXTRA=0, the reliability
+# passes (docs/reliability.md) on Debian's: the ASan + UBSan build of the dcp,
+# reliability, activation and optim suites, and bounded fuzzing.
+# STOWAGE_LIBTORCH=debian or =wheel tests on that one only.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-build=${STOWAGE_BUILD_DIR:-$root/build}
-bash "$root/scripts/build.sh"
-(cd "$build" && ctest --output-on-failure --parallel "${STOWAGE_JOBS:-2}" "$@")
-if [ $# -eq 0 ] && [ "${STOWAGE_TEST_EXTRA:-1}" != 0 ]; then
+# Each LibTorch has its own build folder (scripts/libtorch.sh); one given folder can't serve both.
+unset STOWAGE_BUILD_DIR
+libtorchs=(debian wheel)
+if [ -n "${STOWAGE_LIBTORCH:-}" ]; then libtorchs=("$STOWAGE_LIBTORCH"); fi
+
+for libtorch in "${libtorchs[@]}"; do
+  echo "test: LibTorch '$libtorch'"
+  STOWAGE_LIBTORCH=$libtorch bash "$root/scripts/build.sh"
+  build=$(STOWAGE_LIBTORCH=$libtorch; source "$root/scripts/libtorch.sh"; echo "$libtorch_build")
+  (cd "$build" && ctest --output-on-failure --parallel "${STOWAGE_JOBS:-2}" "$@")
+done
+if [ $# -eq 0 ] && [ "${STOWAGE_TEST_EXTRA:-1}" != 0 ] && [[ " ${libtorchs[*]} " == *" debian "* ]]; then
   bash "$root/scripts/sanitize.sh" dcp reliability activation optim
   bash "$root/scripts/fuzz.sh" 30
 fi
