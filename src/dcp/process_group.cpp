@@ -12,8 +12,16 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/version.h>
 
+#if defined(STOWAGE_WITH_CUDA)
+#ifndef USE_C10D_NCCL
+#define USE_C10D_NCCL  // likewise for ProcessGroupNCCL
+#endif
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -37,7 +45,8 @@ using CollectiveBackend = c10d::ProcessGroup;
 
 struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<CollectiveBackend> backend;
+  c10::intrusive_ptr<CollectiveBackend> backend;  // Gloo
+  c10::intrusive_ptr<CollectiveBackend> device_backend;  // NCCL, made on first use
   int64_t rank = 0;
   int64_t size = 1;
   std::chrono::milliseconds timeout{};
@@ -367,24 +376,62 @@ void ProcessGroup::barrier() const {
   run(g, "barrier", [&] { return g.backend->barrier(options); });
 }
 
+namespace {
+
+[[noreturn]] void no_backend_for(c10::Device device) {
+  throw InvalidArgument(fmt::format("ProcessGroup: no c10d backend for tensors on {} in this build (CPU tensors use "
+                                    "Gloo; CUDA tensors need a CUDA build, which uses NCCL)",
+                                    device.str()));
+}
+
+// The backend of a tensor collective on `device` (see the header).
+CollectiveBackend& tensor_backend(ProcessGroup::Impl& g, c10::Device device) {
+  if (device.is_cpu()) return *g.backend;
+#if defined(STOWAGE_WITH_CUDA)
+  if (device.is_cuda()) {
+    if (!g.device_backend) {
+      auto options = c10d::ProcessGroupNCCL::Options::create();
+      options->timeout = g.timeout;
+      auto store = c10::make_intrusive<c10d::PrefixStore>("nccl", g.store);
+      g.device_backend =
+          c10::make_intrusive<c10d::ProcessGroupNCCL>(store, static_cast<int>(g.rank), static_cast<int>(g.size), options);
+    }
+    return *g.device_backend;
+  }
+#endif
+  no_backend_for(device);
+}
+
+}  // namespace
+
+std::string ProcessGroup::backend_name(c10::Device device) const {
+  if (device.is_cpu()) return "gloo";
+#if defined(STOWAGE_WITH_CUDA)
+  if (device.is_cuda()) return "nccl";
+#endif
+  no_backend_for(device);
+}
+
 void ProcessGroup::all_reduce_sum(at::Tensor& tensor) const {
   Impl& g = *impl_;
   check_collective_tensor(tensor, "all_reduce_sum");
+  CollectiveBackend& backend = tensor_backend(g, tensor.device());
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions options;
   options.reduceOp = c10d::ReduceOp::SUM;
   options.timeout = g.timeout;
-  run(g, "all_reduce", [&] { return g.backend->allreduce(tensors, options); });
+  run(g, "all_reduce", [&] { return backend.allreduce(tensors, options); });
 }
 
 void ProcessGroup::broadcast(at::Tensor& tensor, int64_t root) const {
   Impl& g = *impl_;
   check_collective_tensor(tensor, "broadcast");
+  CollectiveBackend& backend = tensor_backend(g, tensor.device());
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions options;
   options.rootRank = root;
   options.timeout = g.timeout;
-  run(g, "broadcast", [&] { return g.backend->broadcast(tensors, options); });
+  run(g, "broadcast", [&] { return backend.broadcast(tensors, options); });
 }
 
 namespace {
@@ -400,6 +447,16 @@ void ignore_sigpipe_unless_handled() {
     signal(SIGPIPE, SIG_IGN);
   }
 }
+
+// LibTorch 2.x's TCPStoreOptions::useLibUV defaults to true, and a LibTorch built without
+// libuv (Debian's 2.6) then throws from every TCPStore. A save's few keys need no libuv:
+// the classic backend is in every build. Options without the field (1.13) are left alone.
+template <typename StoreOptions>
+auto use_classic_store_backend(StoreOptions& options, int) -> decltype(options.useLibUV = false, void()) {
+  options.useLibUV = false;
+}
+template <typename StoreOptions>
+void use_classic_store_backend(StoreOptions&, long) {}
 
 // `attempt`: torchrun's restart count when its agent hosts the store, else empty.
 ProcessGroup join_group(const std::string& master_addr, int master_port, int64_t rank, int64_t world_size,
@@ -432,6 +489,7 @@ ProcessGroup join_group(const std::string& master_addr, int master_port, int64_t
     store_options.numWorkers = static_cast<size_t>(world_size);
     store_options.waitWorkers = true;
     store_options.timeout = options.timeout();
+    use_classic_store_backend(store_options, 0);
     auto tcp = c10::make_intrusive<c10d::TCPStore>(master_addr, store_options);
     const std::string prefix = host_store ? impl->name : fmt::format("/worker/attempt_{}/{}", attempt, impl->name);
     impl->store = c10::make_intrusive<c10d::PrefixStore>(prefix, tcp);

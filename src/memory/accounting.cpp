@@ -1,7 +1,8 @@
 #include <stowage/error.h>
 #include <stowage/memory/accounting.h>
 
-#include <c10/core/Allocator.h>
+#include "memory/portable_allocator.h"
+
 #include <c10/core/CPUAllocator.h>
 #include <fmt/format.h>
 
@@ -22,11 +23,11 @@ namespace {
 // that both DataPtr deleters and raw_deallocate can account for the free. Invariant:
 // current_ counts live bytes only; cached blocks are counted in cached_ alone, and
 // cached_ <= cache_limit_ whenever cache_mutex_ is free.
-class TrackingAllocator final : public c10::Allocator {
+class TrackingAllocator final : public PortableAllocator {
  public:
   explicit TrackingAllocator(c10::Allocator* inner) : inner_(inner) {}
 
-  c10::DataPtr allocate(size_t nbytes) const override {
+  c10::DataPtr allocate_bytes(size_t nbytes) const override {
     void* data = allocate_raw(nbytes);
     return {data, data, &TrackingAllocator::deallocate_raw, c10::Device(c10::kCPU)};
   }

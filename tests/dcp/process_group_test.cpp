@@ -3,6 +3,7 @@
 
 #include "dcp/test_util.h"
 
+#include <stowage/build_info.h>
 #include <stowage/error.h>
 
 #include <gtest/gtest.h>
@@ -44,6 +45,27 @@ TEST(DcpProcessGroup, TheEnvironmentIsCheckedNamingTheVariable) {
       init_process_group("127.0.0.1", 29500, 0, 1, ProcessGroupOptions().check_in_timeout(std::chrono::milliseconds(0))),
       InvalidArgument);
   for (const char* name : {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"}) unsetenv(name);
+}
+
+TEST(DcpProcessGroup, TensorCollectivesUseGlooOnTheCpuAndNcclForCudaTensors) {
+  const ProcessGroup group = group_of_one();
+  EXPECT_EQ(group.backend_name(c10::Device(c10::kCPU)), "gloo");
+  at::Tensor cpu = at::arange(4, at::kFloat);
+  group.all_reduce_sum(cpu);
+  EXPECT_TRUE(cpu.equal(at::arange(4, at::kFloat)));
+  const c10::Device cuda(c10::kCUDA, 0);
+  if (!build_info().with_cuda) {
+    EXPECT_THROW(group.backend_name(cuda), InvalidArgument);
+    at::Tensor meta = at::zeros({4}, at::TensorOptions().device(c10::kMeta));
+    EXPECT_THROW(group.all_reduce_sum(meta), InvalidArgument);
+    return;
+  }
+  EXPECT_EQ(group.backend_name(cuda), "nccl");
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible: the NCCL collective itself is not run";
+  at::Tensor on_device = at::arange(4, at::TensorOptions().dtype(at::kFloat).device(cuda));
+  group.all_reduce_sum(on_device);
+  group.broadcast(on_device, 0);
+  EXPECT_TRUE(on_device.cpu().equal(at::arange(4, at::kFloat)));
 }
 
 TEST(DcpProcessGroup, ByteCollectivesOfAGroupOfOne) {
