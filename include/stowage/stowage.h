@@ -5,6 +5,7 @@
 #include <stowage/activation/checkpoint.h>
 #include <stowage/activation/sequential.h>
 #include <stowage/activation/tensor_like.h>
+#include <stowage/build_info.h>
 #include <stowage/dcp/dcp.h>
 #include <stowage/error.h>
 #include <stowage/memory/accounting.h>

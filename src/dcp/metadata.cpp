@@ -4,6 +4,7 @@
 #include <stowage/error.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
 

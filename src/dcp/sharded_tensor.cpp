@@ -2,6 +2,7 @@
 #include <stowage/error.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace stowage::dcp {
 namespace {

@@ -2,6 +2,7 @@
 #include <stowage/optim/swap_config.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 

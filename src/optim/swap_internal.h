@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <functional>
 #include <map>

@@ -11,6 +11,7 @@
 #include <torch/utils.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <functional>

@@ -13,6 +13,7 @@
 #include <torch/optim/adamw.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace stowage::optim {
 

@@ -8,6 +8,7 @@
 #include <torch/optim/sgd.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <sstream>
 #include <type_traits>

@@ -1,5 +1,7 @@
 #include "cli/cli_util.h"
 
+#include <torch/version.h>
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -49,6 +51,9 @@ TEST(Cli, VersionAndHelpListTheSubcommands) {
   const auto version = run_command(stowage_binary() + " --version");
   EXPECT_EQ(version.status, 0);
   EXPECT_NE(version.output.find("stowage 0."), std::string::npos) << version.output;
+  // The LibTorch it was built against, and whether CUDA is in.
+  EXPECT_NE(version.output.find(std::string("\nLibTorch ") + TORCH_VERSION + "\n"), std::string::npos) << version.output;
+  EXPECT_NE(version.output.find("\nCUDA"), std::string::npos) << version.output;
   const auto help = run_command(stowage_binary() + " --help");
   EXPECT_EQ(help.status, 0);
   for (const char* name : {"train", "ckpt", "bench", "launch"}) {

@@ -1,7 +1,7 @@
 #include "commands.h"
 
 #include <stowage/error.h>
-#include <stowage/version.h>
+#include <stowage/build_info.h>
 
 #include <c10/util/Exception.h>
 
@@ -9,7 +9,8 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"stowage: train models larger than device memory, checkpoint without stalling"};
-  app.set_version_flag("--version", std::string("stowage ") + STOWAGE_VERSION);
+  // A callback, not a fixed string: the CUDA line counts the devices visible now.
+  app.set_version_flag("--version", [] { return stowage::describe_build(); });
   app.require_subcommand(1);
   stowage::cli::add_launch_command(app);
   stowage::cli::add_train_command(app);
