@@ -44,13 +44,16 @@ StepMeasurement measure_step(torch::nn::Sequential& model, const at::Tensor& inp
   for (auto& parameter : model->parameters()) {
     parameter.mutable_grad().reset();
   }
-  memory::reset_peak_memory_stats();
-  const double seconds = bench::seconds([&] {
-    const at::Tensor output =
-        segments == 0 ? model->forward(input) : activation::checkpoint_sequential(model, segments, input);
-    output.sum().backward();
-  });
-  return {seconds, memory::max_memory_allocated()};
+  const c10::Device device = input.device();
+  memory::reset_peak_memory_stats(device);
+  const double seconds = bench::seconds(
+      [&] {
+        const at::Tensor output =
+            segments == 0 ? model->forward(input) : activation::checkpoint_sequential(model, segments, input);
+        output.sum().backward();
+      },
+      device);
+  return {seconds, memory::max_memory_allocated(device)};
 }
 
 double median(std::vector<double> values) {
@@ -98,7 +101,8 @@ ActivationBenchResult run_activation_bench(const ActivationBenchConfig& config) 
   memory::enable_accounting();
   torch::manual_seed(0);
   auto model = make_mlp(config);
-  const at::Tensor input = torch::randn({config.batch, config.width});
+  model->to(config.device);
+  const at::Tensor input = torch::randn({config.batch, config.width}, torch::TensorOptions().device(config.device));
   for (const auto& parameter : model->parameters()) {
     result.params_and_grads_bytes += 2 * static_cast<int64_t>(parameter.nbytes());
   }
@@ -132,6 +136,7 @@ nlohmann::json to_json(const ActivationBenchResult& result) {
     runs.push_back({{"segments", run.segments}, {"step_s", run.step_s}, {"peak_bytes", run.peak_bytes}});
   }
   return {
+      {"device", result.config.device.str()},
       {"blocks", result.config.blocks},
       {"width", result.config.width},
       {"batch", result.config.batch},

@@ -4,6 +4,7 @@
 // and under checkpoint_sequential with several segment counts, measuring step time
 // and the CPU allocator's peak bytes in the same process.
 
+#include <c10/core/Device.h>
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -19,6 +20,7 @@ struct ActivationBenchConfig {
   int repetitions = 5;   // timed steps per configuration (median reported), after one warm-up
   // Segment counts to compare with the plain run; empty means {2, 4, 8, round(sqrt(blocks))}.
   std::vector<int64_t> segments;
+  c10::Device device = c10::kCPU;  // where the model, its input and its activations are
 };
 
 struct ActivationRun {

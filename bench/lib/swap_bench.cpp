@@ -4,6 +4,8 @@
 
 #include <stowage/error.h>
 #include <stowage/memory/accounting.h>
+#include <stowage/memory/copy_engine.h>
+#include <stowage/memory/host_buffer.h>
 #include <stowage/optim/swap_optimizer.h>
 
 #include <fmt/format.h>
@@ -25,6 +27,27 @@ double peak_limit(const SwapBenchResult& r, int64_t swap_times) {
 }
 constexpr double kStepLimit = 1.5;
 
+// SwapBenchResult::copy_bound_s: `bytes` each way, in chunks of a pinned buffer reused.
+double copy_bound_seconds(c10::Device device, int64_t bytes) {
+  constexpr int64_t kChunk = int64_t(64) << 20;
+  const memory::HostAllocOptions pinned{/*pin_memory=*/true, /*share_memory=*/false};
+  const at::Tensor host_up = memory::allocate_host({kChunk}, at::kByte, pinned).fill_(1);
+  const at::Tensor host_down = memory::allocate_host({kChunk}, at::kByte, pinned);
+  const at::Tensor device_up = at::empty({kChunk}, at::TensorOptions().dtype(at::kByte).device(device));
+  const at::Tensor device_down = at::zeros({kChunk}, at::TensorOptions().dtype(at::kByte).device(device));
+  memory::CopyEngine engine(device);
+  const auto move = [&](int64_t total) {
+    for (int64_t done = 0; done < total; done += kChunk) {
+      engine.copy(memory::CopyLane::kHostToDevice, device_up, host_up);
+      engine.copy(memory::CopyLane::kDeviceToHost, host_down, device_down);
+    }
+    engine.synchronize(engine.record(memory::CopyLane::kHostToDevice));
+    engine.synchronize(engine.record(memory::CopyLane::kDeviceToHost));
+  };
+  move(kChunk);  // first touch of the buffers, lanes started
+  return seconds([&] { move(bytes); }, device);
+}
+
 }  // namespace
 
 SwapBenchResult run_swap_bench(const SwapBenchOptions& options) {
@@ -40,14 +63,17 @@ SwapBenchResult run_swap_bench(const SwapBenchOptions& options) {
   memory::set_cpu_cache_limit(options.cpu_cache_bytes);
   torch::NoGradGuard no_grad;
   torch::manual_seed(0);
+  const c10::Device device = options.device;
+  const auto on_device = torch::TensorOptions().device(device);
   std::vector<torch::Tensor> params;
   for (int64_t i = 0; i < options.tensors; ++i) {
     const int64_t numel = options.params / options.tensors + (i < options.params % options.tensors ? 1 : 0);
-    auto p = torch::rand({numel}).sub_(0.5).requires_grad_();
-    p.mutable_grad() = torch::rand({numel}).sub_(0.5);
+    auto p = torch::rand({numel}, on_device).sub_(0.5).requires_grad_();
+    p.mutable_grad() = torch::rand({numel}, on_device).sub_(0.5);
     params.push_back(p);
   }
   SwapBenchResult result;
+  result.device = device.str();
   result.params = options.params;
   result.cpu_cache_bytes = options.cpu_cache_bytes;
   const auto adamw = [&] { return std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-3)); };
@@ -59,18 +85,18 @@ SwapBenchResult run_swap_bench(const SwapBenchOptions& options) {
   // mmap'd block, which the warm-up steps do).
   auto plain = adamw();
   {
-    const int64_t before = memory::memory_allocated();
+    const int64_t before = memory::memory_allocated(device);
     plain->step();  // creates the states
-    result.plain_state_bytes = memory::memory_allocated() - before;
+    result.plain_state_bytes = memory::memory_allocated(device) - before;
   }
   std::vector<c10::intrusive_ptr<optim::SwapOptimizer>> swaps;
   for (const int64_t swap_times : options.swap_times) {
-    const int64_t before = memory::memory_allocated();
+    const int64_t before = memory::memory_allocated(device);
     swaps.push_back(optim::swap_optimizer(adamw(), optim::SwapOptimizerConfig().swap_times(swap_times)));
     swaps.back()->step();  // creates the states in host buffers
     SwapRun run;
     run.swap_times = swap_times;
-    run.resident_between_steps_bytes = memory::memory_allocated() - before;
+    run.resident_between_steps_bytes = memory::memory_allocated(device) - before;
     result.runs.push_back(run);
   }
   for (int s = 0; s < options.warmup_steps; ++s) {
@@ -80,20 +106,21 @@ SwapBenchResult run_swap_bench(const SwapBenchOptions& options) {
   std::vector<double> plain_times;
   std::vector<std::vector<double>> swap_times(swaps.size());
   for (int s = 0; s < options.steps; ++s) {
-    plain_times.push_back(seconds([&] { plain->step(); }));
+    plain_times.push_back(seconds([&] { plain->step(); }, device));
     for (size_t i = 0; i < swaps.size(); ++i) {
       SwapRun& run = result.runs[i];
       // What is allocated now holds this optimizer's resident state and everything else.
-      const int64_t before = memory::memory_allocated();
-      memory::reset_peak_memory_stats();
-      swap_times[i].push_back(seconds([&] { swaps[i]->step(); }));
+      const int64_t before = memory::memory_allocated(device);
+      memory::reset_peak_memory_stats(device);
+      swap_times[i].push_back(seconds([&] { swaps[i]->step(); }, device));
       run.peak_resident_during_step_bytes =
           std::max(run.peak_resident_during_step_bytes,
-                   memory::max_memory_allocated() - before + run.resident_between_steps_bytes);
-      run.resident_between_steps_bytes += memory::memory_allocated() - before;
+                   memory::max_memory_allocated(device) - before + run.resident_between_steps_bytes);
+      run.resident_between_steps_bytes += memory::memory_allocated(device) - before;
     }
   }
   result.plain_step_s = median(plain_times);
+  result.copy_bound_s = copy_bound_seconds(device, result.plain_state_bytes);
   for (size_t i = 0; i < swaps.size(); ++i) result.runs[i].step_s = median(swap_times[i]);
   plain.reset();
   swaps.clear();
@@ -112,14 +139,18 @@ nlohmann::json to_json(const SwapBenchResult& result) {
   return {{"params", result.params},
           {"plain_step_s", result.plain_step_s},
           {"plain_state_bytes", result.plain_state_bytes},
+          {"copy_bound_s", result.copy_bound_s},
           {"cpu_cache_bytes", result.cpu_cache_bytes},
+          {"device", result.device},
           {"runs", runs_json}};
 }
 
 std::string to_text(const SwapBenchResult& result) {
   std::string out = fmt::format(
-      "AdamW on {} fp32 parameters: plain step {:.3f} s, device-resident state {:.1f} MiB (CPU block cache {} MiB)\n",
-      result.params, result.plain_step_s, result.plain_state_bytes / 1048576.0, result.cpu_cache_bytes >> 20);
+      "AdamW on {} fp32 parameters on {}: plain step {:.3f} s, device-resident state {:.1f} MiB (CPU block cache {} "
+      "MiB); moving that state up and down at once takes {:.3f} s\n",
+      result.params, result.device, result.plain_step_s, result.plain_state_bytes / 1048576.0,
+      result.cpu_cache_bytes >> 20, result.copy_bound_s);
   out += fmt::format("{:>10} {:>9} {:>11} {:>14} {:>15} {:>13}\n", "swap_times", "step_s", "step/plain",
                      "between (B)", "peak (MiB)", "peak/limit");
   for (const SwapRun& run : result.runs) {

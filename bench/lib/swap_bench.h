@@ -3,6 +3,7 @@
 // Optimizer-state swap benchmark: the unwrapped AdamW against the swap optimizer with
 // several swap_times, on one model, in one process.
 
+#include <c10/core/Device.h>
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -20,6 +21,8 @@ struct SwapBenchOptions {
   // The CPU allocator's block cache during the run (memory::set_cpu_cache_limit), the
   // counterpart of a device's caching allocator; 0: none, every arena is fresh memory.
   int64_t cpu_cache_bytes = int64_t(2) << 30;
+  // Where the parameters, gradients and updates are; the swapped states go to host memory.
+  c10::Device device = c10::kCPU;
 };
 
 struct SwapRun {
@@ -30,9 +33,14 @@ struct SwapRun {
 };
 
 struct SwapBenchResult {
+  std::string device;
   int64_t params = 0;
   double plain_step_s = 0;
   int64_t plain_state_bytes = 0;  // device-resident optimizer state of the unwrapped AdamW
+  // The transfer bound of a swapped step: moving plain_state_bytes up and as many down at
+  // once on the copy engine's two lanes, nothing else running (pinned host memory where
+  // the build can pin). A step cannot beat max(plain_step_s, copy_bound_s).
+  double copy_bound_s = 0;
   int64_t cpu_cache_bytes = 0;
   std::vector<SwapRun> runs;
 };

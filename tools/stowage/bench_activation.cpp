@@ -21,7 +21,10 @@ void add_bench_activation(CLI::App& bench) {
       ->check(CLI::PositiveNumber);
   command->add_option("--segments", config->segments, "segment counts (default 2 4 8 and round(sqrt(blocks)))")
       ->check(CLI::PositiveNumber);
-  command->callback([config, json] {
+  auto device = std::make_shared<std::string>("cpu");
+  command->add_option("--device", *device, "where the model runs, e.g. cuda:0 (default cpu)");
+  command->callback([config, json, device] {
+    config->device = stowage::cli::parse_device(*device);
     const auto result = stowage::bench::run_activation_bench(*config);
     fmt::print("{}\n", *json ? stowage::bench::to_json(result).dump(2) : stowage::bench::to_text(result));
   });

@@ -18,9 +18,12 @@ void add_bench_swap(CLI::App& bench) {
   cmd->add_option("--cpu-cache-mib", *cache_mib,
                   "CPU allocator block cache, like a device's caching allocator (0: none; default 2048)")
       ->check(CLI::NonNegativeNumber);
+  auto device = std::make_shared<std::string>("cpu");
+  cmd->add_option("--device", *device, "where the parameters and updates are, e.g. cuda:0 (default cpu)");
   cmd->add_flag("--json", *json, "print the figures as JSON");
-  cmd->callback([options, json, cache_mib] {
+  cmd->callback([options, json, cache_mib, device] {
     options->cpu_cache_bytes = *cache_mib << 20;
+    options->device = parse_device(*device);
     const bench::SwapBenchResult result = bench::run_swap_bench(*options);
     fmt::print("{}\n", *json ? to_json(result).dump(2) : to_text(result));
   });

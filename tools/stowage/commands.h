@@ -3,6 +3,7 @@
 // Each subcommand of the stowage tool lives in its own file and registers itself here.
 
 #include <CLI/CLI.hpp>
+#include <c10/core/Device.h>
 
 #include <chrono>
 #include <string>
@@ -24,5 +25,9 @@ void add_bench_dcp(CLI::App& bench);
 int launch_ranks(int nproc, int port, std::chrono::seconds grace, const std::vector<std::string>& command);
 // The absolute path of this executable, to start it again as ranks.
 std::string executable_path();
+
+// The device of a --device option ("cpu", "cuda", "cuda:1"). Throws InvalidArgument naming
+// the text when it is no device, or one this build or machine does not have.
+c10::Device parse_device(const std::string& text);
 
 }  // namespace stowage::cli
