@@ -1,0 +1,133 @@
+// stowage under a real torchrun (PyTorch's elastic launcher, from the torch wheel of
+// scripts/python_env.sh): dcp save/load and `stowage train` with two ranks on one node,
+// two nodes (two torchrun agents meeting through the c10d rendezvous on loopback), and an
+// elastic restart after a rank is SIGKILLed. Skipped, with the reason, in a build that
+// has no torchrun (Debian's LibTorch comes without one).
+#include "cli/train_util.h"
+#include "dcp/test_util.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace stowage::testing {
+namespace {
+
+const std::string kTorchrun = STOWAGE_TORCHRUN;
+const std::string kWorker = std::string(STOWAGE_BINARY_DIR) + "/tests/dcp_dist_worker";
+
+#define SKIP_WITHOUT_TORCHRUN()                                                                   \
+  if (kTorchrun.empty()) GTEST_SKIP() << "no torchrun in this build: configure with the torch wheel " \
+                                         "(STOWAGE_LIBTORCH=wheel)"
+
+// A free loopback port for a rendezvous or a store.
+int free_port() { return dcp::testing::free_port(); }
+
+std::string torchrun(const std::string& args) {
+  // --monitor-interval 0.1: notice a dead worker quickly; the rendezvous stays on loopback.
+  return fmt::format("{} --no-python --monitor-interval 0.1 --master-addr 127.0.0.1 {}", kTorchrun, args);
+}
+
+TEST(Torchrun, SavesAndLoadsADistributedCheckpointWithTwoRanks) {
+  SKIP_WITHOUT_TORCHRUN();
+  const dcp::testing::ScratchDir dir;
+  const std::string c2 = dir.sub("n2");
+  const auto run = run_command(torchrun(fmt::format("--nproc-per-node 2 --master-port {} {} save {} load {} async {}",
+                                                    free_port(), kWorker, c2, c2, dir.sub("async"))));
+  ASSERT_EQ(run.status, 0) << run.output;
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_NE(run.output.find(fmt::format("rank {} of 2: ok", rank)), std::string::npos) << run.output;
+  }
+  EXPECT_EQ(dcp::testing::data_files(c2).size(), 2u);
+}
+
+// `stowage train` with the small model of train_util.h, under torchrun's arguments.
+std::string train_under_torchrun(const std::string& torchrun_args, const RunDir& dir, const std::string& args) {
+  return torchrun(fmt::format("{} {} train --run-dir {}{} {}", torchrun_args, stowage_binary(), dir.str(), kSmall,
+                              args));
+}
+
+TEST(Torchrun, TrainsWithTwoRanksAsStowagesOwnLauncherDoes) {
+  SKIP_WITHOUT_TORCHRUN();
+  RunDir under_torchrun, under_stowage;
+  const auto a = run_command(train_under_torchrun(fmt::format("--nproc-per-node 2 --master-port {}", free_port()),
+                                                  under_torchrun, "--steps 8 --ckpt-every 4"));
+  ASSERT_EQ(a.status, 0) << a.output;
+  EXPECT_NE(a.output.find("data-parallel over 2 ranks"), std::string::npos) << a.output;
+  const auto b = train(under_stowage, "--nproc 2 --steps 8 --ckpt-every 4");
+  ASSERT_EQ(b.status, 0) << b.output;
+  expect_same_checkpoint(step_dir(under_torchrun, 8), step_dir(under_stowage, 8));
+}
+
+TEST(Torchrun, TrainsOnTwoNodesMeetingThroughTheC10dRendezvous) {
+  SKIP_WITHOUT_TORCHRUN();
+  RunDir two_nodes, one_node;
+  const std::string rendezvous =
+      fmt::format("--nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{} --rdzv-id stowage-{}",
+                  free_port(), getpid());
+  const std::string node = train_under_torchrun(rendezvous, two_nodes, "--steps 8 --ckpt-every 4");
+  auto second = std::async(std::launch::async, [&] { return run_command(node); });
+  const auto first = run_command(node);
+  const auto other = second.get();
+  ASSERT_EQ(first.status, 0) << first.output;
+  ASSERT_EQ(other.status, 0) << other.output;
+  ASSERT_EQ(train(one_node, "--nproc 2 --steps 8 --ckpt-every 4").status, 0);
+  expect_same_checkpoint(step_dir(two_nodes, 8), step_dir(one_node, 8));
+}
+
+// The pids of the `stowage train` workers whose command line names `run_dir`.
+std::vector<pid_t> train_workers(const std::string& run_dir) {
+  std::vector<pid_t> pids;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::error_code error;
+    if (fs::read_symlink(entry.path() / "exe", error) != fs::path(stowage_binary())) continue;
+    std::ifstream file(entry.path() / "cmdline", std::ios::binary);
+    const std::string cmdline((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+    if (cmdline.find(run_dir) != std::string::npos) pids.push_back(static_cast<pid_t>(std::stoi(name)));
+  }
+  return pids;
+}
+
+bool committed(const std::string& checkpoint) { return fs::exists(fs::path(checkpoint) / ".metadata.json"); }
+
+TEST(Torchrun, AnElasticRestartAfterAKilledRankResumesAndEndsBitIdentical) {
+  SKIP_WITHOUT_TORCHRUN();
+  RunDir interrupted, straight;
+  constexpr int kSteps = 60, kEvery = 10, kKillAfter = 20;
+  const std::string args = fmt::format("--steps {} --ckpt-every {} --keep 10 --resume", kSteps, kEvery);
+  auto job = std::async(std::launch::async, [&] {
+    return run_command(train_under_torchrun(
+        fmt::format("--nproc-per-node 2 --max-restarts 1 --master-port {}", free_port()), interrupted, args));
+  });
+  // Kill rank 1's process once step kKillAfter is committed, while the run goes on.
+  bool killed = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+  while (!killed && job.wait_for(std::chrono::milliseconds(5)) == std::future_status::timeout &&
+         std::chrono::steady_clock::now() < deadline) {
+    if (!committed(step_dir(interrupted, kKillAfter)) || committed(step_dir(interrupted, kSteps))) continue;
+    const auto workers = train_workers(interrupted.str());
+    if (workers.size() == 2) killed = kill(workers.back(), SIGKILL) == 0;
+  }
+  const auto result = job.get();
+  ASSERT_TRUE(killed) << "the run ended before a rank could be killed after step " << kKillAfter << "\n"
+                      << result.output;
+  ASSERT_EQ(result.status, 0) << result.output;
+  // The restarted workers resumed from a committed checkpoint (not from step 0).
+  EXPECT_NE(result.output.find("resumed from"), std::string::npos) << result.output;
+  ASSERT_EQ(train(straight, fmt::format("--nproc 2 --steps {} --ckpt-every {} --keep 10", kSteps, kEvery)).status, 0);
+  expect_same_checkpoint(step_dir(interrupted, kSteps), step_dir(straight, kSteps));
+}
+
+}  // namespace
+}  // namespace stowage::testing
