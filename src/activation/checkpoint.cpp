@@ -1,6 +1,8 @@
 #include <stowage/activation/checkpoint.h>
 #include <stowage/activation/tensor_like.h>
 
+#include "activation/input_versions.h"
+#include "activation/nested_tensors.h"
 #include "activation/rng_state.h"
 
 #include <fmt/format.h>
@@ -35,29 +37,9 @@ struct TensorMeta {
 };
 
 bool holds_tensor(const c10::IValue& value) {
-  if (value.isTensor()) {
-    return value.toTensor().defined();
-  }
-  if (value.isList()) {
-    for (const c10::IValue& element : value.toListRef()) {
-      if (holds_tensor(element)) {
-        return true;
-      }
-    }
-  } else if (value.isTuple()) {
-    for (const c10::IValue& element : value.toTupleRef().elements()) {
-      if (holds_tensor(element)) {
-        return true;
-      }
-    }
-  } else if (value.isGenericDict()) {
-    for (const auto& entry : value.toGenericDict()) {
-      if (holds_tensor(entry.key()) || holds_tensor(entry.value())) {
-        return true;
-      }
-    }
-  }
-  return false;
+  bool found = false;
+  for_each_tensor(value, [&found](const at::Tensor&) { found = true; });
+  return found;
 }
 
 // Everything backward needs besides the saved input tensors. Lives in the autograd
@@ -70,6 +52,9 @@ struct CheckpointState : torch::CustomClassHolder {
   std::vector<c10::IValue> inputs;
   std::vector<size_t> tensor_input_slots;
   std::optional<RngSnapshot> rng;
+  // Recorded before fn first runs, when autograd records the call (a recomputation
+  // will follow); empty under no_grad, where modifying an input is harmless.
+  std::optional<InputVersions> versions;
   // What the original forward produced: the number of outputs, which of them are
   // tensors, and their metadata, for the determinism check.
   size_t num_outputs = 0;
@@ -141,6 +126,9 @@ struct CheckpointNode : torch::autograd::Function<CheckpointNode> {
       state->rng = RngSnapshot::capture(inputs);
     }
     *outputs = state->fn(inputs);
+    if (state->versions) {
+      state->versions->expect_unchanged(InputVersions::Moment::kAfterForward);
+    }
     variable_list result = tensor_outputs(*outputs, state->tensor_output_slots);
     state->num_outputs = outputs->size();
     for (const at::Tensor& tensor : result) {
@@ -168,8 +156,13 @@ struct CheckpointNode : torch::autograd::Function<CheckpointNode> {
           "checkpoint (reentrant) cannot compute gradients of gradients: backward was called with "
           "create_graph=true through a checkpoint; run that part of the model without checkpoint");
     }
-    const variable_list saved = ctx->get_saved_variables();
     const auto state = c10::static_intrusive_pointer_cast<CheckpointState>(ctx->saved_data["state"].toCapsule());
+    // Before get_saved_variables, whose own version check would raise a c10::Error that
+    // does not say which input it is.
+    if (state->versions) {
+      state->versions->expect_unchanged(InputVersions::Moment::kBeforeRecomputation);
+    }
+    const variable_list saved = ctx->get_saved_variables();
     // One gradient per argument of forward: state, each tensor, anchor, outputs. Only
     // the tensors' can be defined.
     const size_t num_grads = saved.size() + 3;
@@ -193,6 +186,9 @@ struct CheckpointNode : torch::autograd::Function<CheckpointNode> {
       }
       at::AutoGradMode enable_grad(true);
       outputs = state->fn(inputs);
+    }
+    if (state->versions) {
+      state->versions->expect_unchanged(InputVersions::Moment::kAfterRecomputation);
     }
     std::vector<size_t> slots;
     const variable_list recomputed = tensor_outputs(outputs, slots);
@@ -247,6 +243,9 @@ std::vector<c10::IValue> checkpoint(const CheckpointFunction& fn, const std::vec
       tensors.push_back(inputs[i].toTensor());
       state->inputs[i] = c10::IValue();
     }
+  }
+  if (at::GradMode::is_enabled()) {  // the anchor makes autograd record the call
+    state->versions.emplace(inputs);
   }
   const at::Tensor anchor = at::empty({0}).requires_grad_(true);
   std::vector<c10::IValue> outputs;

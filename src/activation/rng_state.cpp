@@ -2,6 +2,8 @@
 
 #include <stowage/activation/checkpoint.h>
 
+#include "activation/nested_tensors.h"
+
 #include <ATen/Context.h>
 #include <fmt/format.h>
 
@@ -12,30 +14,14 @@ namespace stowage::activation {
 namespace {
 
 void collect_devices(const c10::IValue& value, std::vector<c10::Device>& devices) {
-  const auto add = [&devices](const at::Tensor& tensor) {
-    if (!tensor.defined() || tensor.device().is_cpu() || tensor.device().type() == c10::kMeta) {
+  for_each_tensor(value, [&devices](const at::Tensor& tensor) {
+    if (tensor.device().is_cpu() || tensor.device().type() == c10::kMeta) {
       return;
     }
     if (std::find(devices.begin(), devices.end(), tensor.device()) == devices.end()) {
       devices.push_back(tensor.device());
     }
-  };
-  if (value.isTensor()) {
-    add(value.toTensor());
-  } else if (value.isList()) {
-    for (const c10::IValue& element : value.toListRef()) {
-      collect_devices(element, devices);
-    }
-  } else if (value.isTuple()) {
-    for (const c10::IValue& element : value.toTupleRef().elements()) {
-      collect_devices(element, devices);
-    }
-  } else if (value.isGenericDict()) {
-    for (const auto& entry : value.toGenericDict()) {
-      collect_devices(entry.key(), devices);
-      collect_devices(entry.value(), devices);
-    }
-  }
+  });
 }
 
 at::Tensor get_state(at::Generator& generator) {

@@ -1,5 +1,6 @@
 #include "dcp/file_io.h"
 #include "dcp/internal.h"
+#include "exception_message.h"
 
 #include <stowage/dcp/checkpoint.h>
 #include <stowage/error.h>
@@ -178,7 +179,7 @@ std::string attempt(Step&& step) {
   try {
     return json{{"ok", true}, {"v", step()}}.dump();
   } catch (const std::exception& e) {
-    return json{{"ok", false}, {"v", e.what()}}.dump();
+    return json{{"ok", false}, {"v", exception_message(e)}}.dump();
   } catch (...) {
     return json{{"ok", false}, {"v", "unknown exception"}}.dump();
   }
@@ -254,7 +255,7 @@ Metadata run_distributed_save(const std::function<LocalSave()>& prepare, Storage
           }
           metadata = std::move(global.metadata);
         } catch (const std::exception& e) {
-          failures[rank] = fmt::format("coordinator: {}", e.what());
+          failures[rank] = fmt::format("coordinator: {}", exception_message(e));
         }
       }
       if (!failures.empty()) plan_verdicts.assign(group.size(), verdict_failed(failures));
@@ -290,7 +291,7 @@ Metadata run_distributed_save(const std::function<LocalSave()>& prepare, Storage
           writer.finish(metadata);
           commit_verdict = verdict_ok(encode_metadata(metadata));
         } catch (const std::exception& e) {
-          commit_verdict = verdict_failed({{rank, fmt::format("coordinator: {}", e.what())}});
+          commit_verdict = verdict_failed({{rank, fmt::format("coordinator: {}", exception_message(e))}});
         }
       }
     }

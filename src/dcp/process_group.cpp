@@ -7,6 +7,8 @@
 #include <stowage/dcp/process_group.h>
 #include <stowage/error.h>
 
+#include "exception_message.h"
+
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -169,8 +171,9 @@ std::string wait_watching_store(const ProcessGroup::Impl& group, const WorkPtr& 
     // The store has gone, and with it the process that hosted it.
     if (group.store_host >= 0 && group.store_host != group.rank) missing.push_back(group.store_host);
     outcome = group.store_host >= 0
-                  ? fmt::format("rank {}, which hosts the store, is dead or unreachable ({})", group.store_host, e.what())
-                  : fmt::format("the store is unreachable ({})", e.what());
+                  ? fmt::format("rank {}, which hosts the store, is dead or unreachable ({})", group.store_host,
+                                exception_message(e))
+                  : fmt::format("the store is unreachable ({})", exception_message(e));
   }
   group.failure.emplace(
       fmt::format("{}: the group failed in an earlier collective ({} failed: {}; {}); make a new group", where, what,
@@ -193,7 +196,7 @@ void run(ProcessGroup::Impl& group, const char* what, Start&& start) {
       return;
     }
   } catch (const std::exception& e) {
-    cause = e.what();
+    cause = exception_message(e);
   }
   fail_group(group, what, cause);
 }
@@ -262,7 +265,7 @@ ProcessGroup ProcessGroup::new_group(const std::string& name) const {
     impl->backend = make_gloo(impl->store, impl->rank, impl->size, impl->timeout);
   } catch (const std::exception& e) {
     throw Error(fmt::format("process group '{}' (rank {} of {}): cannot create: {}", impl->name, impl->rank,
-                            impl->size, e.what()));
+                            impl->size, exception_message(e)));
   }
   return ProcessGroup(std::move(impl));
 }
@@ -496,7 +499,8 @@ ProcessGroup join_group(const std::string& master_addr, int master_port, int64_t
     impl->backend = make_gloo(impl->store, rank, world_size, impl->timeout);
   } catch (const std::exception& e) {
     throw Error(fmt::format("init_process_group: rank {} of {} cannot join the group at {}:{} within {} ms: {}", rank,
-                            world_size, master_addr, master_port, options.timeout().count(), e.what()));
+                            world_size, master_addr, master_port, options.timeout().count(),
+                            exception_message(e)));
   }
   return ProcessGroup(std::move(impl));
 }

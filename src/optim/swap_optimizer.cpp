@@ -3,6 +3,7 @@
 #include <stowage/optim/partition.h>
 #include <stowage/optim/swap_optimizer.h>
 
+#include "exception_message.h"
 #include "optim/adam_update.h"
 #include "optim/swap_internal.h"
 
@@ -15,7 +16,7 @@
 
 #include <algorithm>
 #include <functional>
-#include <set>
+#include <map>
 #include <type_traits>
 
 namespace stowage::optim {
@@ -65,33 +66,14 @@ SwapOptimizer::SwapOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
     }
     swapped_slot_[slot] = true;
   }
-  const auto& explicit_keys = config_.state_keys();
-  if (std::find(explicit_keys.begin(), explicit_keys.end(), kMaxExpAvgSq) != explicit_keys.end()) {
-    const auto& groups = optimizer_->param_groups();
-    if (std::none_of(groups.begin(), groups.end(), [&](const auto& g) { return amsgrad_of(family_, g.options()); })) {
-      throw InvalidArgument(fmt::format(
-          "Requested state key 'max_exp_avg_sq' is not present for any parameter: no param group of the {} has "
-          "amsgrad enabled.",
-          detail::family_name(family_)));
+  const auto& groups = optimizer_->param_groups();
+  for (const auto& group : groups) {
+    if (!group.params().empty()) {
+      device_ = group.params().front().device();
+      break;
     }
   }
-  // One copy engine serves one device, and the state of a parameter listed twice would be
-  // updated twice per step.
-  std::set<const c10::TensorImpl*> seen;
-  bool first = true;
-  for (const auto& group : optimizer_->param_groups()) {
-    for (const at::Tensor& param : group.params()) {
-      if (first) device_ = param.device();
-      first = false;
-      if (param.device() != device_) {
-        throw InvalidArgument(fmt::format("swap_optimizer: the parameters are on more than one device ({} and {})",
-                                          device_.str(), param.device().str()));
-      }
-      if (!seen.insert(param.unsafeGetTensorImpl()).second) {
-        throw InvalidArgument("swap_optimizer: a parameter appears more than once in the param groups");
-      }
-    }
-  }
+  check_param_groups();
   engine_ = std::make_unique<memory::CopyEngine>(device_);
   layout_ = std::make_unique<HostLayout>();
 
@@ -104,6 +86,39 @@ SwapOptimizer::SwapOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
 }
 
 SwapOptimizer::~SwapOptimizer() = default;
+
+void SwapOptimizer::check_param_groups() const {
+  const auto& groups = optimizer_->param_groups();
+  // One copy engine serves one device, and the state of a parameter listed twice would be
+  // updated twice per step.
+  std::map<const c10::TensorImpl*, std::pair<size_t, size_t>> seen;  // group and index
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto& params = groups[g].params();
+    for (size_t p = 0; p < params.size(); ++p) {
+      if (params[p].device() != device_) {
+        throw InvalidArgument(fmt::format(
+            "swap_optimizer: parameter {} of param group {} is on {}, but the other parameters are on {}; the "
+            "swap serves one device",
+            p, g, params[p].device().str(), device_.str()));
+      }
+      const auto [first, inserted] = seen.emplace(params[p].unsafeGetTensorImpl(), std::make_pair(g, p));
+      if (!inserted) {
+        throw InvalidArgument(fmt::format(
+            "swap_optimizer: parameter {} of param group {} is also parameter {} of param group {}; a parameter "
+            "listed twice would be updated twice per step",
+            p, g, first->second.second, first->second.first));
+      }
+    }
+  }
+  const auto& explicit_keys = config_.state_keys();
+  if (std::find(explicit_keys.begin(), explicit_keys.end(), kMaxExpAvgSq) != explicit_keys.end() &&
+      std::none_of(groups.begin(), groups.end(), [&](const auto& g) { return amsgrad_of(family_, g.options()); })) {
+    throw InvalidArgument(fmt::format(
+        "Requested state key 'max_exp_avg_sq' is not present for any parameter: no param group of the {} has "
+        "amsgrad enabled.",
+        detail::family_name(family_)));
+  }
+}
 
 c10::intrusive_ptr<SwapOptimizer> swap_optimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
                                                  SwapOptimizerConfig config) {
@@ -280,10 +295,12 @@ at::Tensor SwapOptimizer::step(torch::optim::Optimizer::LossClosure closure) {
         "Swap optimizer does not support a closure: run the forward and backward pass, then call step().");
   }
   torch::NoGradGuard no_grad;
+  // Everything that can be checked is checked before anything changes, so that no update
+  // can fail on its inputs once the first one has run. The param groups are the wrapped
+  // optimizer's, which may have changed since the constructor checked them.
+  check_param_groups();
   auto& groups = optimizer_->param_groups();
   auto& states = optimizer_->state();
-  // Everything that can be checked is checked before anything changes, so that no update
-  // can fail on its inputs once the first one has run.
   for (size_t g = 0; g < groups.size(); ++g) {
     const bool amsgrad = amsgrad_of(family_, groups[g].options());
     const auto& params = groups[g].params();
@@ -428,7 +445,7 @@ void SwapOptimizer::recover_from_failure(std::exception_ptr cause, const std::ve
   try {
     std::rethrow_exception(cause);
   } catch (const std::exception& e) {
-    what = e.what();
+    what = exception_message(e);
   } catch (...) {
   }
   std::string outcome;

@@ -472,7 +472,8 @@ TEST(Checkpoint, AFailingRecomputationLeavesRngAndAutogradIntact) {
 }
 
 // The saved inputs are version-checked like any saved tensor: modifying one in place
-// after the forward is the usual autograd error, never a silently wrong gradient.
+// after the forward is a CheckpointError naming the input, never a silently wrong
+// gradient.
 TEST(Checkpoint, InputModifiedInPlaceAfterForwardIsDetected) {
   const at::Tensor leaf = torch::randn({4}).requires_grad_();
   at::Tensor x = leaf * 1;
@@ -481,8 +482,95 @@ TEST(Checkpoint, InputModifiedInPlaceAfterForwardIsDetected) {
   try {
     y.sum().backward();
     FAIL() << "the in-place modification must be detected";
-  } catch (const c10::Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("modified by an inplace operation"));
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("input 0 (shape [4]) was modified in place after the forward"));
+  }
+  EXPECT_FALSE(leaf.grad().defined());
+}
+
+// Issue 13: fn increments an input that does not require grad, then computes from it.
+// The recomputation would increment the caller's tensor a second time and compute the
+// weight's gradient at the wrong input; checkpoint refuses instead, naming the input,
+// and the caller's tensor holds what a plain run of fn leaves in it.
+TEST(Checkpoint, FnModifyingAnInputInPlaceIsACheckpointErrorNamingTheInput) {
+  torch::manual_seed(0);
+  torch::nn::Linear linear(8, 8);
+  const auto fn = [&](const IValues& in) -> IValues {
+    at::Tensor v = in[1].toTensor();
+    v.add_(1);
+    return {torch::tanh(linear->forward(v * in[0].toDouble()))};
+  };
+  const at::Tensor original = torch::randn({4, 8});
+
+  at::Tensor plain_input = original.clone();
+  fn({0.5, plain_input})[0].toTensor().sum().backward();
+  ASSERT_TRUE(linear->weight.grad().defined());
+  linear->weight.mutable_grad().reset();
+  linear->bias.mutable_grad().reset();
+
+  at::Tensor input = original.clone();
+  try {
+    checkpoint(fn, {0.5, input});
+    FAIL() << "fn's in-place modification of its input must be detected";
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("fn modified input 1 (shape [4, 8]) in place"));
+  }
+  EXPECT_TRUE(torch::equal(input, plain_input));
+  EXPECT_FALSE(linear->weight.grad().defined());
+
+  // Under no_grad nothing is recomputed, so the same fn is a plain call.
+  at::Tensor no_grad_input = original.clone();
+  {
+    torch::NoGradGuard no_grad;
+    checkpoint(fn, {0.5, no_grad_input});
+  }
+  EXPECT_TRUE(torch::equal(no_grad_input, plain_input));
+}
+
+// Tensors inside container inputs are read again by the recomputation too: modifying
+// one between forward and backward (here by the caller), or inside fn, is detected.
+TEST(Checkpoint, ATensorInsideAContainerInputModifiedInPlaceIsDetected) {
+  const at::Tensor x = torch::randn({3}).requires_grad_();
+  const at::Tensor scale = torch::full({3}, 2.0);
+  const auto fn = [](const IValues& in) -> IValues {
+    return {in[0].toTensor() * in[1].toTensorList().get(0)};
+  };
+  const IValues out = checkpoint(fn, {x, c10::List<at::Tensor>({scale})});
+  scale.add_(1);
+  try {
+    out[0].toTensor().sum().backward();
+    FAIL() << "the in-place modification must be detected";
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("a tensor (shape [3]) inside input 1 was modified in place after the forward"));
+  }
+  EXPECT_FALSE(x.grad().defined());
+
+  const auto mutating_fn = [](const IValues& in) -> IValues {
+    in[1].toTensorList().get(0).mul_(2);
+    return {in[0].toTensor() * 2};
+  };
+  EXPECT_THROW(checkpoint(mutating_fn, {x, c10::List<at::Tensor>({scale})}), CheckpointError);
+}
+
+// An fn that behaves differently with grad enabled (as in the recomputation) and
+// modifies an input only then is caught after the recomputation.
+TEST(Checkpoint, FnModifyingAnInputOnlyInTheRecomputationIsDetected) {
+  const at::Tensor x = torch::randn({3}).requires_grad_();
+  const at::Tensor scale = torch::full({3}, 2.0);
+  const auto fn = [](const IValues& in) -> IValues {
+    const at::Tensor s = in[1].toTensorList().get(0);
+    if (at::GradMode::is_enabled()) {
+      s.mul_(2);
+    }
+    return {in[0].toTensor() * s};
+  };
+  const IValues out = checkpoint(fn, {x, c10::List<at::Tensor>({scale})});
+  try {
+    out[0].toTensor().sum().backward();
+    FAIL() << "the in-place modification must be detected";
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(),
+                HasSubstr("fn modified a tensor (shape [3]) inside input 1 in place during the recomputation"));
   }
 }
 

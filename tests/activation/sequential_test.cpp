@@ -158,6 +158,23 @@ int64_t step_peak_bytes(const at::Tensor& x, Forward&& forward) {
   return memory::max_memory_allocated();
 }
 
+// A checkpointed segment whose first module modifies the segment's input in place
+// would modify it again in the recomputation: refused, as for checkpoint().
+TEST(CheckpointSequential, ASegmentModifyingItsInputInPlaceIsACheckpointError) {
+  torch::manual_seed(0);
+  torch::nn::Sequential model(torch::nn::Functional([](at::Tensor x) { return x.add_(1); }),
+                              torch::nn::Linear(6, 6), torch::nn::Tanh(), torch::nn::Linear(6, 2));
+  const at::Tensor original = torch::randn({5, 6});
+  at::Tensor input = original.clone();
+  try {
+    checkpoint_sequential(model, 2, input);
+    FAIL() << "the segment's in-place modification of its input must be detected";
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("fn modified input 0 (shape [5, 6]) in place"));
+  }
+  EXPECT_TRUE(torch::equal(input, original + 1));
+}
+
 TEST(CheckpointSequential, PeakMemoryOfADeepMlpIsBelowThePlainRun) {
   memory::enable_accounting();
   torch::manual_seed(2);

@@ -20,6 +20,7 @@ namespace stowage::optim {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using memory::CopyLane;
 using testing::clone_params;
 using testing::expect_params_equal;
@@ -222,6 +223,92 @@ TEST_P(SwapFaults, AMismatchedGradientIsRejectedBeforeAnythingChanges) {
   pair.expect_matches_plain();  // nothing changed
   pair.step(kStepsBefore);
   pair.expect_matches_plain();
+}
+
+// LibTorch's c10::Error carries a C++ backtrace of several KB in what(); the step's
+// error embeds the message alone.
+TEST_P(SwapFaults, AnUpdateFailingWithAC10ErrorIsReportedWithoutLibTorchsBacktrace) {
+  Pair pair(packed());
+  detail::set_update_fault_injector(*pair.swap, [](int64_t index) { TORCH_CHECK(index != 2, "injected c10 fault"); });
+  const Outcome outcome = failing_step(pair, kStepsBefore);
+  EXPECT_THAT(outcome.message, HasSubstr("injected c10 fault"));
+  EXPECT_THAT(outcome.message, Not(HasSubstr("Exception raised from")));
+  EXPECT_THAT(outcome.message, Not(HasSubstr("frame #")));
+  expect_consistent_after(pair, kStepsBefore, first_params(2), outcome);
+}
+
+// The wrapped optimizer's param groups can change after wrapping; step() checks them as
+// the constructor does, before anything changes.
+TEST_P(SwapFaults, AParameterListedTwiceAfterWrappingIsRejectedBeforeAnythingChanges) {
+  {
+    SCOPED_TRACE("through add_param_group before the first step");
+    auto params = make_params(testing::Shapes(kParams, {kNumel}));
+    auto plain_params = clone_params(params);
+    auto swap = swap_optimizer(adamw(params), SwapOptimizerConfig().swap_times(kSwapTimes).packed_swap(packed()));
+    swap->optimizer().add_param_group(torch::optim::OptimizerParamGroup({params[3]}));
+    set_grads(params, 0);
+    try {
+      swap->step();
+      ADD_FAILURE() << "step() did not throw";
+    } catch (const InvalidArgument& e) {
+      EXPECT_THAT(e.what(), HasSubstr("parameter 0 of param group 1 is also parameter 3 of param group 0"));
+    }
+    EXPECT_TRUE(swap->optimizer().state().empty());
+    expect_params_equal(plain_params, params);
+    swap->param_groups().pop_back();
+    auto plain = adamw(plain_params);
+    set_grads(plain_params, 0);
+    swap->step();
+    plain->step();
+    expect_params_equal(plain_params, params);
+  }
+  SCOPED_TRACE("in the params of a group, after steps");
+  Pair pair(packed());
+  pair.swap->param_groups()[0].params().push_back(pair.params[5]);
+  set_grads(pair.params, kStepsBefore);
+  const memory::CopyStats copies = pair.swap->copy_stats();
+  try {
+    pair.swap->step();
+    ADD_FAILURE() << "step() did not throw";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("parameter 8 of param group 0 is also parameter 5 of param group 0"));
+  }
+  EXPECT_EQ(pair.swap->copy_stats().h2d_copies, copies.h2d_copies);
+  EXPECT_EQ(pair.stepped_to(kStepsBefore), first_params(kParams));
+  pair.swap->param_groups()[0].params().pop_back();
+  pair.expect_matches_plain();  // nothing changed
+  pair.step(kStepsBefore);
+  pair.expect_matches_plain();
+}
+
+TEST_P(SwapFaults, AParameterOnAnotherDeviceAddedAfterWrappingIsRejectedBeforeAnythingChanges) {
+  Pair pair(packed());
+  const auto meta = torch::TensorOptions().device(c10::kMeta);
+  torch::Tensor elsewhere = torch::zeros({kNumel}, meta).requires_grad_();
+  pair.swap->optimizer().add_param_group(torch::optim::OptimizerParamGroup({elsewhere}));
+  set_grads(pair.params, kStepsBefore);
+  elsewhere.mutable_grad() = torch::ones({kNumel}, meta);
+  try {
+    pair.swap->step();
+    ADD_FAILURE() << "step() did not throw";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("parameter 0 of param group 1 is on meta"));
+  }
+  EXPECT_EQ(pair.stepped_to(kStepsBefore), first_params(kParams));
+  pair.swap->param_groups().pop_back();
+  pair.expect_matches_plain();  // nothing changed
+  pair.step(kStepsBefore);
+  pair.expect_matches_plain();
+}
+
+TEST_P(SwapFaults, AmsgradTurnedOffWhenItsStateIsToBeSwappedIsRejectedAtStep) {
+  auto params = make_params(testing::Shapes(kParams, {kNumel}));
+  auto inner = std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-2).amsgrad(true));
+  auto swap = swap_optimizer(inner, SwapOptimizerConfig().state_keys({"max_exp_avg_sq"}).packed_swap(packed()));
+  static_cast<torch::optim::AdamWOptions&>(swap->param_groups()[0].options()).amsgrad(false);
+  set_grads(params, 0);
+  EXPECT_THROW(swap->step(), InvalidArgument);
+  EXPECT_TRUE(swap->optimizer().state().empty());
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, SwapFaults, ::testing::Bool(),

@@ -32,6 +32,19 @@
 //     output depends on anything requiring grad, backward warns and returns no
 //     gradients for this call.
 //
+// In-place modifications of the inputs:
+//   - The recomputation reads fn's inputs again, so they must hold in backward what
+//     they held in the forward. If fn modifies an input in place (a top-level tensor,
+//     or one inside a container input), checkpoint raises CheckpointError naming the
+//     input as soon as fn returns in the forward (the tensor then holds what a plain
+//     call of fn leaves in it): the recomputation would modify it a second time and
+//     compute the gradients at the modified value. Under no_grad nothing is recomputed
+//     and nothing is checked. Modifying an input in place between the forward and
+//     backward (e.g. by the caller) is a CheckpointError naming it when backward
+//     starts the recomputation. Tensors fn reaches otherwise (the parameters and
+//     buffers it captures) are not seen by checkpoint: they must not change between
+//     the forward and backward either (e.g. no optimizer step in between).
+//
 // Restrictions of the reentrant variant (the only one provided, see use_reentrant):
 //   - backward recomputes inside the engine's backward pass and calls backward again
 //     (a "reentrant" backward). autograd::grad, and backward with its `inputs`

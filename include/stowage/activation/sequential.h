@@ -7,7 +7,10 @@
 // first segments-1 runs holds size/segments modules and is checkpointed; the last run
 // holds the rest (including the remainder of the division) and runs plainly, since
 // backward starts right after it and recomputing it would save nothing. segments = 1
-// therefore checkpoints nothing. Each module must map one tensor to one tensor.
+// therefore checkpoints nothing. Each module must map one tensor to one tensor. A module
+// that modifies its input in place (e.g. an in-place activation) must not come first in
+// a checkpointed segment: the segment's checkpoint raises CheckpointError, as
+// checkpoint() does for any fn that modifies its input.
 
 #include <stowage/activation/checkpoint.h>
 

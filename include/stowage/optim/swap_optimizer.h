@@ -21,7 +21,9 @@
 //
 // Failures in step():
 //  - Strong guarantee for bad input: a closure, a sparse gradient, a gradient whose dtype,
-//    shape or device differs from its parameter's, amsgrad without a max_exp_avg_sq state.
+//    shape or device differs from its parameter's, amsgrad without a max_exp_avg_sq state,
+//    and param groups changed since wrapping so that the constructor would refuse them (a
+//    parameter listed twice, or on another device).
 //    These are checked before anything changes; stowage::InvalidArgument names the
 //    parameter and its param group. So is a failure while the first-step states are laid
 //    out on the host (e.g. a failed download of states created before wrapping).
@@ -100,6 +102,11 @@ class SwapOptimizer final : public Stateful {
  private:
   struct HostLayout;
 
+  // Throws InvalidArgument if the wrapped optimizer's param groups hold a parameter twice
+  // or one on another device than device_, or if max_exp_avg_sq is to be swapped while
+  // no group has amsgrad on. Run by the constructor and, as the groups may have changed
+  // since (add_param_group, edited params or options), by every step().
+  void check_param_groups() const;
   // The parameters that have state, in group order, with their slots bound to the layout.
   std::vector<detail::Unit> collect_units();
   void ensure_host_layout(std::vector<detail::SlotRequest> requests);
