@@ -6,8 +6,8 @@
 # with threads of their own: memory for the copy engine, dcp for writer threads and
 # async stagers, optim for the swap optimizer's pipeline). STOWAGE_SANITIZE_MODULES
 # limits the library to the modules those suites need (e.g. "dcp;state;memory"), which
-# halves a cold build. Suppressions, each explained, are in scripts/sanitizers/; they
-# cover only LibTorch's own code.
+# halves a cold build. Suppressions, each explained, are in scripts/sanitizers/: only
+# orderings TSan cannot see because LibTorch's reference counts are uninstrumented.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 sanitizers=${STOWAGE_SANITIZE:-address,undefined}

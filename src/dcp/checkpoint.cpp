@@ -28,12 +28,23 @@ class PendingSaveAccess {
   // Makes room for a new save: waits for the pending one or rejects, per `policy`.
   // With a group the ranks decide together, on the caller's thread before anything
   // starts, so that no rank's background save waits for a rank that rejected: if any
-  // rank would reject, every rank does, naming those with a save in flight.
-  static void make_room(StorageWriter& writer, PendingSave policy, const std::optional<ProcessGroup>& group);
-  static void set(StorageWriter& writer, std::thread thread, std::shared_future<Metadata> upload) {
+  // rank would reject, every rank does, naming those with a save in flight. The same
+  // holds for a stager that reuses its buffers (AsyncStager::reuses_buffers()): the save
+  // writing its previous snapshot, on any writer, is waited for or rejected.
+  static void make_room(StorageWriter& writer, AsyncStager& stager, PendingSave policy,
+                        const std::optional<ProcessGroup>& group);
+  static void set(StorageWriter& writer, AsyncStager& stager, std::thread thread,
+                  const std::shared_future<Metadata>& upload) {
+    if (stager.reuses_buffers()) stager.latest_save_ = upload;
     std::lock_guard<std::mutex> lock(writer.pending_mutex_);
     writer.pending_thread_ = std::move(thread);
-    writer.pending_ = std::move(upload);
+    writer.pending_ = upload;
+  }
+
+ private:
+  static bool stager_busy(const AsyncStager& stager) {
+    return stager.latest_save_.valid() &&
+           stager.latest_save_.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
   }
 };
 
@@ -89,25 +100,36 @@ std::map<int64_t, std::string> collective_failures(const CollectiveError& error,
 
 }  // namespace
 
-void PendingSaveAccess::make_room(StorageWriter& writer, PendingSave policy, const std::optional<ProcessGroup>& group) {
-  constexpr const char* kRejected = "a save on its writer is still in flight (PendingSave::kReject)";
-  const bool reject = policy == PendingSave::kReject && writer.has_pending_save();
+void PendingSaveAccess::make_room(StorageWriter& writer, AsyncStager& stager, PendingSave policy,
+                                  const std::optional<ProcessGroup>& group) {
+  std::string rejected;  // why this rank rejects, if it does
+  if (policy == PendingSave::kReject) {
+    if (writer.has_pending_save()) {
+      rejected = "a save on its writer is still in flight (PendingSave::kReject)";
+    } else if (stager.reuses_buffers() && stager_busy(stager)) {
+      rejected = "a save of its stager's previous snapshot (whose buffers the stager reuses) is still in flight, "
+                 "possibly on another writer (PendingSave::kReject)";
+    }
+  }
   if (group) {
     std::vector<std::string> votes;
     try {
-      votes = group->all_gather(reject ? "reject" : "");
+      votes = group->all_gather(rejected);
     } catch (...) {
       rethrow_as_checkpoint_error("start", group->rank());
     }
     std::map<int64_t, std::string> rejecting;
     for (size_t r = 0; r < votes.size(); ++r) {
-      if (!votes[r].empty()) rejecting[static_cast<int64_t>(r)] = kRejected;
+      if (!votes[r].empty()) rejecting[static_cast<int64_t>(r)] = votes[r];
     }
     if (!rejecting.empty()) throw CheckpointError("start", std::move(rejecting));
-  } else if (reject) {
-    throw Error(fmt::format("async_save: {}", kRejected));
+  } else if (!rejected.empty()) {
+    throw Error(fmt::format("async_save: {}", rejected));
   }
   writer.wait_for_pending_save();
+  // Its errors are that save's to report, not this one's.
+  if (stager.latest_save_.valid()) stager.latest_save_.wait();
+  stager.latest_save_ = {};
 }
 
 namespace {
@@ -376,7 +398,11 @@ Metadata save(const StateDict& state, const std::string& checkpoint_dir, std::op
 
 AsyncSaveResponse async_save(const StateDict& state, StorageWriter& writer, AsyncStager* stager,
                              AsyncSaveOptions options, std::optional<ProcessGroup> group) {
-  PendingSaveAccess::make_room(writer, options.if_save_pending(), group);
+  BlockingAsyncStager fallback;  // uncached: nothing to wait for
+  AsyncStager* chosen = stager;
+  if (chosen == nullptr) chosen = dynamic_cast<AsyncStager*>(&writer);
+  if (chosen == nullptr) chosen = &fallback;
+  PendingSaveAccess::make_room(writer, *chosen, options.if_save_pending(), group);
   auto staging = std::make_shared<std::promise<void>>();
   auto upload = std::make_shared<std::promise<Metadata>>();
   AsyncSaveResponse response{staging->get_future().share(), upload->get_future().share()};
@@ -387,14 +413,14 @@ AsyncSaveResponse async_save(const StateDict& state, StorageWriter& writer, Asyn
   std::optional<std::shared_future<StateDict>> background;
   StateDict snapshot;
   std::unordered_map<std::string, ShardLayout> layouts;
-  AsyncStager* chosen = stager;
-  BlockingAsyncStager fallback;
   try {
     UnshardedState plain = unshard_state_dict(resolve_stateful(state));
-    validate_state_dict(plain.state);
+    // What save's plan would reject, rejected before staging with save's error.
+    const FlatStateDict flat = flatten_state_dict(plain.state);
+    for (const FlatEntry& entry : flat.entries()) {
+      if (entry.value.isTensor()) detail::check_saveable_tensor(entry.fqn, entry.value.toTensor());
+    }
     layouts = std::move(plain.layouts);
-    if (chosen == nullptr) chosen = dynamic_cast<AsyncStager*>(&writer);
-    if (chosen == nullptr) chosen = &fallback;
     background = chosen->stage_in_background(plain.state);
     if (!background) snapshot = chosen->stage(plain.state);
   } catch (...) {
@@ -436,7 +462,7 @@ AsyncSaveResponse async_save(const StateDict& state, StorageWriter& writer, Asyn
       upload->set_exception(std::current_exception());
     }
   });
-  PendingSaveAccess::set(writer, std::move(thread), response.upload_completion);
+  PendingSaveAccess::set(writer, *chosen, std::move(thread), response.upload_completion);
   if (!background && !early_error) {
     staging->set_value();
     if (chosen->should_synchronize_after_execute()) chosen->synchronize_staging();

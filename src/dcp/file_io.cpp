@@ -17,6 +17,24 @@
 
 namespace stowage::dcp::detail {
 
+namespace {
+
+const char* kind_of(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "not a regular file";
+}
+
+Error not_a_regular_file(const std::string& path, mode_t mode) {
+  return Error(fmt::format("'{}' is {}, not a regular file", path, kind_of(mode)));
+}
+
+}  // namespace
+
 File& File::operator=(File&& other) noexcept {
   if (this != &other) {
     close();
@@ -45,12 +63,17 @@ File File::create(const std::string& path) {
 }
 
 File File::open_for_reading(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  // Checked before opening: opening a FIFO blocks until it has a writer, and opening a
+  // device node can act on the device. O_NONBLOCK and the second check cover an object
+  // swapped in between the two calls.
+  refuse_special_file(path);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw_errno(fmt::format("cannot open '{}'", path), errno);
   File file(fd, path);
   struct stat info {};
   if (::fstat(fd, &info) != 0) throw_errno(fmt::format("cannot stat '{}'", path), errno);
-  if (!S_ISREG(info.st_mode)) throw Error(fmt::format("'{}' is not a regular file", path));
+  if (!S_ISREG(info.st_mode)) throw not_a_regular_file(path, info.st_mode);
+  if (::fcntl(fd, F_SETFL, 0) != 0) throw_errno(fmt::format("cannot open '{}'", path), errno);
   return file;
 }
 
@@ -110,6 +133,15 @@ std::string join_path(const std::string& directory, const std::string& name) {
 bool file_exists(const std::string& path) {
   struct stat info {};
   return ::lstat(path.c_str(), &info) == 0;
+}
+
+void refuse_special_file(const std::string& path) {
+  struct stat info {};
+  if (::lstat(path.c_str(), &info) != 0) {
+    if (errno == ENOENT) return;
+    throw_errno(fmt::format("cannot stat '{}'", path), errno);
+  }
+  if (!S_ISREG(info.st_mode)) throw not_a_regular_file(path, info.st_mode);
 }
 
 std::string read_text_file(const std::string& path) {

@@ -21,7 +21,8 @@ class File {
 
   // O_CREAT|O_EXCL: never reuses an existing file.
   static File create(const std::string& path);
-  // Read-only, refusing symbolic links and anything but a regular file.
+  // Read-only, refusing symbolic links and anything but a regular file ("'<path>' is a
+  // FIFO, not a regular file") at once: never blocks on a FIFO nor opens a device.
   static File open_for_reading(const std::string& path);
 
   int fd() const { return fd_; }
@@ -46,6 +47,9 @@ class File {
 
 std::string join_path(const std::string& directory, const std::string& name);
 bool file_exists(const std::string& path);
+// Throws Error naming `path` and what it is when it exists and is not a regular file
+// (a directory, FIFO, socket, device node or symbolic link); returns if it is absent.
+void refuse_special_file(const std::string& path);
 // The whole file; throws Error naming it if it cannot be read.
 std::string read_text_file(const std::string& path);
 void sync_directory(const std::string& path);

@@ -172,6 +172,13 @@ void FileSystemWriter::on_item_written(const WriteResult&) {}
 
 SavePlan FileSystemWriter::prepare_local_plan(SavePlan plan) {
   detail::create_directories(path_);
+  // A FIFO, socket, device node or directory in the metadata's place would be read
+  // (blocking, for a FIFO) or replaced by the commit: refused, before anything is written.
+  try {
+    detail::refuse_special_file(detail::join_path(path_, kMetadataFileName));
+  } catch (const Error& e) {
+    throw Error(fmt::format("FileSystemWriter: cannot save into '{}': {}", path_, e.what()));
+  }
   if (!options_.overwrite() && detail::file_exists(detail::join_path(path_, kMetadataFileName))) {
     throw InvalidArgument(fmt::format(
         "FileSystemWriter: '{}' already holds a checkpoint and the option overwrite is off", path_));

@@ -5,6 +5,7 @@
 #include <stowage/dcp/metadata.h>
 #include <stowage/dcp/planner.h>
 
+#include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -12,6 +13,11 @@
 #include <vector>
 
 namespace stowage::dcp::detail {
+
+// Throws InvalidArgument naming `fqn` if `tensor` cannot be saved: undefined, or not a
+// dense (strided, unquantized) tensor. Save plans it; async_save and the stagers check
+// it before staging, so that every path gives the same error.
+void check_saveable_tensor(const std::string& fqn, const at::Tensor& tensor);
 
 // Product of `sizes`; throws Error naming `what` on a negative size or an overflow.
 int64_t checked_volume(const std::vector<int64_t>& sizes, const std::string& what);

@@ -20,6 +20,16 @@ std::string describe_shape(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
+void detail::check_saveable_tensor(const std::string& fqn, const at::Tensor& tensor) {
+  if (!tensor.defined()) {
+    throw InvalidArgument(fmt::format("checkpoint entry '{}' is an undefined tensor", fqn));
+  }
+  if (tensor.layout() != c10::kStrided || tensor.is_quantized()) {
+    throw InvalidArgument(fmt::format("checkpoint entry '{}' is a {} tensor; only dense tensors can be saved", fqn,
+                                      c10::toString(tensor.layout())));
+  }
+}
+
 SavePlan create_local_save_plan(const FlatStateDict& state, int64_t rank,
                                 const std::unordered_map<std::string, ShardLayout>& layouts) {
   SavePlan plan;
@@ -32,13 +42,7 @@ SavePlan create_local_save_plan(const FlatStateDict& state, int64_t rank,
     item.data_index = i;
     if (entry.value.isTensor()) {
       const at::Tensor& tensor = entry.value.toTensor();
-      if (!tensor.defined()) {
-        throw InvalidArgument(fmt::format("checkpoint entry '{}' is an undefined tensor", entry.fqn));
-      }
-      if (tensor.layout() != c10::kStrided || tensor.is_quantized()) {
-        throw InvalidArgument(fmt::format("checkpoint entry '{}' is a {} tensor; only dense tensors can be saved",
-                                          entry.fqn, c10::toString(tensor.layout())));
-      }
+      detail::check_saveable_tensor(entry.fqn, tensor);
       item.kind = EntryKind::kTensor;
       item.dtype = tensor.scalar_type();
       if (const auto layout = layouts.find(entry.fqn); layout != layouts.end()) {

@@ -1,3 +1,5 @@
+#include "dcp/internal.h"
+
 #include <stowage/dcp/staging.h>
 #include <stowage/error.h>
 #include <stowage/memory/host_buffer.h>
@@ -9,6 +11,9 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <fmt/format.h>
+
+#include <algorithm>
+#include <unordered_set>
 
 namespace stowage::dcp {
 
@@ -22,12 +27,24 @@ std::optional<std::shared_future<StateDict>> AsyncStager::stage_in_background(co
   return std::nullopt;
 }
 
+namespace {
+
+// Staging refuses what save would: the same error, before any copy.
+void check_saveable_tensors(const FlatStateDict& flat) {
+  for (const FlatEntry& entry : flat.entries()) {
+    if (entry.value.isTensor()) detail::check_saveable_tensor(entry.fqn, entry.value.toTensor());
+  }
+}
+
+}  // namespace
+
 // --------------------------------------------------------- BlockingAsyncStager
 
 BlockingAsyncStager::BlockingAsyncStager(bool cache_staged_state_dict, bool type_check)
     : cache_staged_state_dict_(cache_staged_state_dict), type_check_(type_check) {}
 
 StateDict BlockingAsyncStager::stage(const StateDict& state) {
+  check_saveable_tensors(flatten_state_dict(state));
   if (!cache_staged_state_dict_) {
     StateDict staged = create_cpu_state_dict(state);
     copy_state_dict(state, staged, /*non_blocking=*/false, type_check_);
@@ -98,49 +115,63 @@ StateDict DefaultStager::stage_now(const FlatStateDict& flat) {
   for (auto it = cache_.begin(); it != cache_.end();) {
     it = it->second->source.expired() ? cache_.erase(it) : std::next(it);
   }
-  const memory::HostAllocOptions alloc{options_.use_pinned_memory(), options_.use_shared_memory()};
-  std::unordered_map<const void*, at::Tensor> copied;  // storages already copied by this call
+  // The storages without a usable cached buffer get new ones, all from a few arenas.
+  std::vector<const c10::Storage*> uncached;
+  std::unordered_set<const void*> seen;
+  std::vector<memory::HostTensorSpec> specs;
+  for (const FlatEntry& entry : flat.entries()) {
+    if (!entry.value.isTensor()) continue;
+    const c10::Storage& storage = entry.value.toTensor().storage();
+    const void* key = storage.unsafeGetStorageImpl();
+    const auto it = cache_.find(key);
+    if (it != cache_.end() && it->second->bytes.numel() == static_cast<int64_t>(storage.nbytes())) continue;
+    if (!seen.insert(key).second) continue;
+    uncached.push_back(&storage);
+    specs.push_back(memory::HostTensorSpec{{static_cast<int64_t>(storage.nbytes())}, c10::kByte});
+  }
+  const std::vector<at::Tensor> buffers = memory::allocate_host_tensors(
+      specs, memory::HostAllocOptions{options_.use_pinned_memory(), options_.use_shared_memory()}, kArenaBytes);
+  for (size_t i = 0; i < uncached.size(); ++i) {
+    cache_[uncached[i]->unsafeGetStorageImpl()] =
+        std::make_shared<CachedStorage>(CachedStorage{uncached[i]->getWeakStorageImpl(), buffers[i]});
+  }
+
+  std::unordered_set<const void*> copied;  // storages already copied by this call
   std::vector<c10::Stream> used_streams;
   FlatStateDict staged;
   for (const FlatEntry& entry : flat.entries()) {
-    c10::IValue value = entry.value;
-    if (value.isList()) {
-      value = value.toList().copy();  // lists are mutable: the snapshot gets its own
-    } else if (value.isTensor()) {
-      const at::Tensor& source = value.toTensor();
-      const c10::Storage& storage = source.storage();
-      const void* key = storage.unsafeGetStorageImpl();
-      auto done = copied.find(key);
-      if (done == copied.end()) {
-        const int64_t nbytes = static_cast<int64_t>(storage.nbytes());
-        std::shared_ptr<CachedStorage>& cached = cache_[key];
-        if (!cached || cached->source.expired() || cached->bytes.numel() != nbytes) {
-          cached = std::make_shared<CachedStorage>(
-              CachedStorage{storage.getWeakStorageImpl(), memory::allocate_host({nbytes}, c10::kByte, alloc)});
-        }
-        const at::Tensor source_bytes =
-            at::empty({0}, source.options().dtype(c10::kByte)).set_(storage, 0, {nbytes}, {1});
-        const auto stream = streams_.find(source.device().str());
-        if (options_.use_non_blocking_copy() && stream != streams_.end()) {
-          const c10::StreamGuard guard(stream->second);
-          cached->bytes.copy_(source_bytes, /*non_blocking=*/true);
-          if (std::find(used_streams.begin(), used_streams.end(), stream->second) == used_streams.end()) {
-            used_streams.push_back(stream->second);
-          }
-        } else {
-          cached->bytes.copy_(source_bytes);
-        }
-        done = copied.emplace(key, cached->bytes).first;
-      }
-      // A view of the staged storage exactly like the source's view of its own.
-      at::Tensor view = at::empty({0}, done->second.options().dtype(source.scalar_type()))
-                            .set_(done->second.storage(), source.storage_offset(), source.sizes(), source.strides());
-      // The storage holds unresolved bytes: carry the source's lazy conjugation/negation.
-      if (source.is_conj()) view = view.conj();
-      if (source.is_neg()) view = at::_neg_view(view);
-      value = std::move(view);
+    if (!entry.value.isTensor()) {
+      staged.add(FlatEntry{entry.fqn, entry.path, copy_leaf(entry.value)});  // lists and empty dicts are mutable
+      continue;
     }
-    staged.add(FlatEntry{entry.fqn, entry.path, std::move(value)});
+    const at::Tensor& source = entry.value.toTensor();
+    const c10::Storage& storage = source.storage();
+    const void* key = storage.unsafeGetStorageImpl();
+    at::Tensor bytes = cache_.at(key)->bytes;
+    if (copied.insert(key).second) {
+      const int64_t nbytes = static_cast<int64_t>(storage.nbytes());
+      const at::Tensor source_bytes = at::empty({0}, source.options().dtype(c10::kByte)).set_(storage, 0, {nbytes}, {1});
+      const auto stream = streams_.find(source.device().str());
+      if (options_.use_non_blocking_copy() && stream != streams_.end()) {
+        const c10::StreamGuard guard(stream->second);
+        bytes.copy_(source_bytes, /*non_blocking=*/true);
+        if (std::find(used_streams.begin(), used_streams.end(), stream->second) == used_streams.end()) {
+          used_streams.push_back(stream->second);
+        }
+      } else {
+        bytes.copy_(source_bytes);
+      }
+    }
+    // A view of the staged storage exactly like the source's view of its own. The
+    // buffer starts at a multiple of kHostArenaAlignment in its arena, so at a whole
+    // number of elements.
+    const int64_t offset = bytes.storage_offset() / static_cast<int64_t>(source.element_size()) + source.storage_offset();
+    at::Tensor view = at::empty({0}, bytes.options().dtype(source.scalar_type()))
+                          .set_(bytes.storage(), offset, source.sizes(), source.strides());
+    // The storage holds unresolved bytes: carry the source's lazy conjugation/negation.
+    if (source.is_conj()) view = view.conj();
+    if (source.is_neg()) view = at::_neg_view(view);
+    staged.add(FlatEntry{entry.fqn, entry.path, std::move(view)});
   }
   for (const c10::Stream& stream : used_streams) {
     stream.synchronize();
@@ -171,6 +202,7 @@ void DefaultStager::worker_loop() {
 std::optional<std::shared_future<StateDict>> DefaultStager::stage_in_background(const StateDict& state) {
   if (!options_.use_async_staging()) return std::nullopt;
   auto flat = std::make_shared<FlatStateDict>(flatten_state_dict(state));  // errors surface here
+  check_saveable_tensors(*flat);
   prepare_streams(*flat);
   auto promise = std::make_shared<std::promise<StateDict>>();
   std::shared_future<StateDict> future = promise->get_future().share();
@@ -195,6 +227,7 @@ StateDict DefaultStager::stage(const StateDict& state) {
     return stage_in_background(state)->get();
   }
   const FlatStateDict flat = flatten_state_dict(state);
+  check_saveable_tensors(flat);
   prepare_streams(flat);
   return stage_now(flat);
 }

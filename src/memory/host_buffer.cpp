@@ -114,6 +114,45 @@ at::Tensor allocate_host(c10::IntArrayRef sizes, c10::ScalarType dtype, HostAllo
   return at::from_blob(data, sizes, release, tensor_options);
 }
 
+std::vector<at::Tensor> allocate_host_tensors(const std::vector<HostTensorSpec>& specs, HostAllocOptions options,
+                                              int64_t max_arena_bytes) {
+  std::vector<int64_t> nbytes;
+  nbytes.reserve(specs.size());
+  for (const HostTensorSpec& spec : specs) {
+    int64_t numel = 1;
+    for (const int64_t size : spec.sizes) {
+      if (size < 0) {
+        throw InvalidArgument(fmt::format("allocate_host_tensors: negative size in [{}]", fmt::join(spec.sizes, ", ")));
+      }
+      numel *= size;
+    }
+    nbytes.push_back(numel * static_cast<int64_t>(c10::elementSize(spec.dtype)));
+  }
+  std::vector<at::Tensor> tensors;
+  tensors.reserve(specs.size());
+  std::vector<int64_t> offsets;
+  for (size_t first = 0; first < specs.size();) {
+    // The specs from `first` that fit one arena (at least one).
+    offsets.clear();
+    int64_t arena_bytes = 0;
+    size_t end = first;
+    for (; end < specs.size(); ++end) {
+      const int64_t offset = (arena_bytes + kHostArenaAlignment - 1) / kHostArenaAlignment * kHostArenaAlignment;
+      if (end > first && offset + nbytes[end] > max_arena_bytes) break;
+      offsets.push_back(offset);
+      arena_bytes = offset + nbytes[end];
+    }
+    const c10::Storage arena = allocate_host({arena_bytes}, c10::kByte, options).storage();
+    for (size_t i = first; i < end; ++i) {
+      const int64_t element = static_cast<int64_t>(c10::elementSize(specs[i].dtype));
+      tensors.push_back(at::empty({0}, at::TensorOptions().dtype(specs[i].dtype).device(c10::kCPU))
+                            .set_(arena, offsets[i - first] / element, specs[i].sizes));
+    }
+    first = end;
+  }
+  return tensors;
+}
+
 HostBufferStats host_buffer_stats() {
   return {g_current.load(), g_peak.load(), g_pinned.load(), g_shared.load()};
 }

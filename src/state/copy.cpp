@@ -38,20 +38,33 @@ void replace_leaf(StateDict& dst, const ObjectPath& path, const c10::IValue& val
 
 }  // namespace
 
+c10::IValue copy_leaf(const c10::IValue& leaf) {
+  if (leaf.isList()) return leaf.toList().copy();  // a leaf list holds only immutable values
+  if (leaf.isGenericDict()) {
+    const c10::impl::GenericDict dict = leaf.toGenericDict();
+    return dict.copy();  // a leaf dict is empty
+  }
+  return leaf;
+}
+
 StateDict create_cpu_state_dict(const StateDict& state, CpuStateDictOptions options) {
-  FlatStateDict flat = flatten_state_dict(state);
-  FlatStateDict staged;
-  const memory::HostAllocOptions alloc{options.pin_memory, options.share_memory};
+  const FlatStateDict flat = flatten_state_dict(state);
+  std::vector<memory::HostTensorSpec> specs;
   for (const FlatEntry& entry : flat.entries()) {
-    c10::IValue value = entry.value;
-    if (value.isTensor()) {
-      const at::Tensor& source = value.toTensor();
-      if (!source.defined()) {
-        throw InvalidArgument(fmt::format("state dict entry '{}' is an undefined tensor", entry.fqn));
-      }
-      value = memory::allocate_host(source.sizes(), source.scalar_type(), alloc);
+    if (!entry.value.isTensor()) continue;
+    const at::Tensor& source = entry.value.toTensor();
+    if (!source.defined()) {
+      throw InvalidArgument(fmt::format("state dict entry '{}' is an undefined tensor", entry.fqn));
     }
-    staged.add(FlatEntry{entry.fqn, entry.path, std::move(value)});
+    specs.push_back(memory::HostTensorSpec{source.sizes().vec(), source.scalar_type()});
+  }
+  const std::vector<at::Tensor> buffers = memory::allocate_host_tensors(
+      specs, memory::HostAllocOptions{options.pin_memory, options.share_memory}, kCpuStateDictArenaBytes);
+  FlatStateDict staged;
+  size_t next_buffer = 0;
+  for (const FlatEntry& entry : flat.entries()) {
+    staged.add(FlatEntry{entry.fqn, entry.path,
+                         entry.value.isTensor() ? c10::IValue(buffers[next_buffer++]) : copy_leaf(entry.value)});
   }
   return unflatten_state_dict(staged);
 }
@@ -102,7 +115,7 @@ void copy_state_dict(const StateDict& src, StateDict& dst, bool non_blocking, bo
       at::Tensor d = to.at(entry.fqn).value.toTensor();
       d.copy_(entry.value.toTensor(), non_blocking);
     } else {
-      replace_leaf(dst, entry.path, entry.value);
+      replace_leaf(dst, entry.path, copy_leaf(entry.value));
     }
   }
 }

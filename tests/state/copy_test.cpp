@@ -42,6 +42,31 @@ TEST(CopyStateDict, CreateThenCopyGivesADecoupledSnapshot) {
   EXPECT_FALSE(staged.at("w").toTensor().equal(src.at("w").toTensor()));
 }
 
+TEST(CopyStateDict, NonTensorLeavesAreCopiedNotShared) {
+  StateDict src;
+  src.insert("losses", c10::List<double>({1, 2, 3}));
+  src.insert("names", c10::List<std::string>({"a", "b"}));
+  src.insert("empty_list", c10::impl::GenericList(c10::IntType::get()));
+  src.insert("extras", c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
+  src.insert("name", std::string("run"));
+  StateDict created = create_cpu_state_dict(src);
+  StateDict copied = create_cpu_state_dict(src);
+  copy_state_dict(src, copied);
+  // Change every mutable leaf of the source in place.
+  src.at("losses").toList().set(0, -100.0);
+  src.at("names").toList().push_back(std::string("c"));
+  src.at("empty_list").toList().push_back(int64_t(7));
+  src.at("extras").toGenericDict().insert(std::string("late"), int64_t(1));
+  for (const StateDict* snapshot : {&created, &copied}) {
+    EXPECT_EQ(snapshot->at("losses").toDoubleList().vec(), std::vector<double>({1, 2, 3}));
+    EXPECT_EQ(snapshot->at("losses").toList().elementType()->str(), "float");
+    EXPECT_EQ(snapshot->at("names").toList().size(), 2u);
+    EXPECT_EQ(snapshot->at("empty_list").toList().size(), 0u);
+    EXPECT_EQ(snapshot->at("extras").toGenericDict().size(), 0u);
+    EXPECT_EQ(snapshot->at("name").toStringRef(), "run");
+  }
+}
+
 TEST(CopyStateDict, RepeatedCopiesReuseTheSameBuffers) {
   StateDict src = sample();
   StateDict staged = create_cpu_state_dict(src);

@@ -62,7 +62,9 @@ Metadata save(const StateDict& state, StorageWriter& writer, std::optional<Proce
 Metadata save(const StateDict& state, const std::string& checkpoint_dir,
               std::optional<ProcessGroup> group = std::nullopt);
 
-// What async_save does when the writer still has a save in flight.
+// What async_save does when the writer still has a save in flight, or the stager one
+// that writes the stager's previous snapshot, on any writer, while the stager reuses
+// its buffers (AsyncStager::reuses_buffers()).
 // With a group the ranks agree first (one collective on the group, on the caller's
 // thread): if any rank would reject, every rank throws CheckpointError (step "start")
 // naming the ranks with a save in flight, and none starts a save.

@@ -4,6 +4,7 @@
 // updates of the source never reach), so that an async_save can write it while
 // training goes on. Names and defaults follow torch.distributed.checkpoint.staging.
 
+#include <stowage/dcp/metadata.h>
 #include <stowage/state/state_dict.h>
 
 #include <c10/core/Device.h>
@@ -40,13 +41,32 @@ class AsyncStager {
   virtual void synchronize_staging() {}
   // Releases what the stager holds; a no-op here.
   virtual void close() {}
+  // Whether a later staging may overwrite the buffers of an earlier snapshot (the
+  // stager caches them). async_save then never lets a staging of this stager overwrite
+  // a snapshot still being written, whichever writer writes it: before staging it waits
+  // for the save that writes the stager's previous snapshot, or rejects under
+  // PendingSave::kReject, exactly as for a save in flight on the writer. So one
+  // caching stager may serve several writers. A stager that returns false (the
+  // default) must give every snapshot buffers of its own.
+  virtual bool reuses_buffers() const { return false; }
+
+ private:
+  friend class PendingSaveAccess;
+  // The upload of the latest async_save that staged with this stager, while
+  // reuses_buffers().
+  std::shared_future<Metadata> latest_save_;
 };
 
 // Stages on the caller's thread into CPU memory (PyTorch's BlockingAsyncStager).
-// The snapshot is always a copy, also for CPU sources (PyTorch bug #144657). With
-// caching, the first call allocates the buffers and later calls refresh them in place
-// (same data pointers) as long as the state dict keeps its structure; a different
-// structure gets new buffers.
+// The snapshot is always a copy, also for CPU sources (PyTorch bug #144657), of every
+// leaf: it shares nothing mutable with the source. With caching, the first call
+// allocates the buffers and later calls refresh them in place (same data pointers) as
+// long as the state dict keeps its structure; a different structure gets new buffers.
+// Sharing: uncached, every snapshot has buffers of its own, so one stager may serve any
+// number of writers and saves at once. Cached, a later stage() overwrites the previous
+// snapshot; async_save waits for the save writing it first (reuses_buffers()), so
+// sharing one cached stager between writers is safe through async_save. Not
+// thread-safe: one caller at a time.
 class BlockingAsyncStager : public AsyncStager {
  public:
   explicit BlockingAsyncStager(bool cache_staged_state_dict = false, bool type_check = false);
@@ -56,6 +76,7 @@ class BlockingAsyncStager : public AsyncStager {
   void synchronize_staging() override {}
   // Drops the cached buffers.
   void close() override;
+  bool reuses_buffers() const override { return cache_staged_state_dict_; }
 
   bool cache_staged_state_dict() const { return cache_staged_state_dict_; }
 
@@ -87,9 +108,17 @@ struct StagingOptions {
 // The staging engine of PyTorch's zero-overhead checkpointing (DefaultStager): copies
 // every storage once per call into a host buffer cached across calls (keyed by the
 // source storage, dropped when that dies), so views that share a storage in the source
-// share one in the snapshot. Not thread-safe: one caller at a time. Staging one state
-// dict while the previous snapshot is still being written overwrites it; async_save
-// avoids that by waiting for the previous save on the same writer.
+// share one in the snapshot. Non-tensor leaves are copied (copy_leaf): the snapshot
+// shares nothing mutable with the source. The buffers a call needs anew are carved out
+// of a few arenas (memory::allocate_host_tensors, up to kArenaBytes each), so that
+// shared-memory descriptors, mappings and pin registrations grow with the bytes staged,
+// not with the number of tensors; an arena is freed when the last buffer in it (cached,
+// or held by a snapshot) goes.
+// Not thread-safe: one caller at a time. Staging again overwrites the previous
+// snapshot in place; async_save waits for the save writing it first (reuses_buffers()
+// is true), also when that save runs on another writer, so one DefaultStager may serve
+// several writers through async_save. close() may run while a save still writes its
+// snapshot: the snapshot holds its own references to the buffers.
 class DefaultStager : public AsyncStager {
  public:
   explicit DefaultStager(StagingOptions options = StagingOptions());
@@ -102,6 +131,12 @@ class DefaultStager : public AsyncStager {
   // Waits for staging in flight, stops the staging thread and frees every cached
   // buffer. The stager can stage again afterwards.
   void close() override;
+
+  bool reuses_buffers() const override { return true; }
+
+  // The largest arena staging allocates at once (one tensor larger than that gets an
+  // arena of its own).
+  static constexpr int64_t kArenaBytes = int64_t(1) << 30;
 
   const StagingOptions& options() const { return options_; }
   // Bytes of host buffers the stager holds now.

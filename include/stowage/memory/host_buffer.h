@@ -9,6 +9,7 @@
 #include <c10/util/ArrayRef.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace stowage::memory {
 
@@ -28,6 +29,25 @@ bool is_pinned(const at::Tensor& tensor);
 // A contiguous CPU tensor of uninitialised memory. Pinning is best effort: it silently
 // falls back to pageable memory where can_pin_memory() is false.
 at::Tensor allocate_host(c10::IntArrayRef sizes, c10::ScalarType dtype, HostAllocOptions options = {});
+
+// The shape and dtype of one tensor allocate_host_tensors makes.
+struct HostTensorSpec {
+  std::vector<int64_t> sizes;
+  c10::ScalarType dtype = c10::kFloat;
+};
+
+// Where allocate_host_tensors places each tensor in its arena.
+constexpr int64_t kHostArenaAlignment = 64;
+
+// Contiguous CPU tensors of uninitialised memory, one per spec, in order, carved out of
+// as few allocate_host() allocations (arenas) as fit: tensors are packed in order, each
+// at a kHostArenaAlignment boundary, into arenas of at most `max_arena_bytes`; a tensor
+// larger than that gets an arena of its own. So a memfd descriptor, a mapping and a pin
+// registration serve many small tensors, and their number grows with the bytes, not
+// with the tensor count. An arena's memory is freed when the last tensor carved from it
+// (or a view of one) goes. Throws InvalidArgument for a negative size.
+std::vector<at::Tensor> allocate_host_tensors(const std::vector<HostTensorSpec>& specs, HostAllocOptions options,
+                                              int64_t max_arena_bytes);
 
 struct HostBufferStats {
   int64_t current_bytes = 0;

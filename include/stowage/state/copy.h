@@ -16,13 +16,27 @@ struct CpuStateDictOptions {
   bool share_memory = false;
 };
 
+// A copy of a non-tensor leaf that shares nothing mutable with it: a list leaf (e.g. a
+// c10::List<double>) becomes a new list of the same element type, an empty dict a new
+// empty dict of the same key and value types; the other leaves (numbers, bool, string,
+// None) are immutable and returned as they are. A tensor is returned as it is.
+c10::IValue copy_leaf(const c10::IValue& leaf);
+
+// The largest arena create_cpu_state_dict packs small tensors into: small enough that
+// a snapshot whose tensors are dropped one by one as they are written (an uncached
+// async_save) frees its memory as it goes.
+constexpr int64_t kCpuStateDictArenaBytes = int64_t(1) << 20;
+
 // A CPU state dict of the same structure: every tensor replaced by a contiguous CPU
 // tensor of the same shape and dtype (contents uninitialised), every other leaf
-// copied. Throws InvalidArgument for a state dict flatten_state_dict rejects.
+// copied (copy_leaf). Tensors smaller than kCpuStateDictArenaBytes share arenas
+// (memory::allocate_host_tensors): descriptors, mappings and pin registrations grow
+// with the bytes, not the number of tensors. Throws InvalidArgument for a state dict flatten_state_dict rejects.
 StateDict create_cpu_state_dict(const StateDict& state, CpuStateDictOptions options = {});
 
 // Copies every tensor of `src` into the tensor at the same path of `dst`, and replaces
-// dst's other leaves with src's. The structures must match: the same keys, list
+// dst's other leaves with copies of src's (copy_leaf): dst shares nothing mutable with
+// src. The structures must match: the same keys, list
 // lengths, tensor shapes and dtypes; with `type_check`, non-tensor leaves must also
 // hold the same kind of value. Everything is checked before the first copy: on an
 // exception `dst` is unchanged. With `non_blocking`, device-to-pinned copies may still
