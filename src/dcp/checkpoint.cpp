@@ -4,6 +4,7 @@
 
 #include <stowage/dcp/checkpoint.h>
 #include <stowage/error.h>
+#include <stowage/state/destination.h>
 #include <stowage/state/stateful.h>
 
 #include <ATen/ATen.h>
@@ -520,6 +521,7 @@ ChunkBox whole_box(const std::vector<int64_t>& shape) {
 // A Stateful's state dict as it will be handed to load_state_dict: its entries (paths
 // include the top-level key), tensors filled in place or materialised.
 struct StatefulLoad {
+  std::string key;
   c10::intrusive_ptr<Stateful> object;
   std::vector<FlatEntry> entries;
 };
@@ -548,12 +550,12 @@ class LoadPlanner {
       const auto layout = layouts_.find(entry.fqn);
       if (layout != layouts_.end()) {
         check_shard_compatible(entry, layout->second, *saved);
-        fills_.push_back(TensorFill{saved, entry.value.toTensor(), layout->second.box});
+        add_fill(entry, saved, layout->second.box);
         continue;
       }
       check_compatible(entry, *saved);
       if (saved->kind == EntryKind::kTensor) {
-        fills_.push_back(TensorFill{saved, entry.value.toTensor(), whole_box(saved->shape)});
+        add_fill(entry, saved, whole_box(saved->shape));
       } else {
         values_.emplace_back(entry.path, saved);
       }
@@ -562,8 +564,9 @@ class LoadPlanner {
 
   // Reads and verifies everything the load needs; changes nothing.
   void read(StorageReader& reader) {
-    // The state dicts for load_state_dict, built now so that a structure they cannot
-    // have fails before anything changes; their tensors are filled by apply().
+    // The state dicts for load_state_dict, built and checked by their objects now so
+    // that a structure they cannot take fails before anything changes; their tensors
+    // are filled by apply().
     for (StatefulLoad& load : statefuls_) {
       FlatStateDict relative;
       for (FlatEntry& entry : load.entries) {
@@ -572,6 +575,11 @@ class LoadPlanner {
         relative.add(FlatEntry{path_to_string(path), std::move(path), std::move(entry.value)});
       }
       stateful_states_.push_back(unflatten_state_dict(relative));
+      try {
+        load.object->check_load_state_dict(stateful_states_.back());
+      } catch (const InvalidArgument& e) {
+        throw InvalidArgument(fmt::format("load: entry '{}': {}", load.key, e.what()));
+      }
     }
     // One read per (destination, overlapping saved chunk), of the overlap only: straight
     // into the destination where that is plain CPU memory that no other read writes,
@@ -656,6 +664,13 @@ class LoadPlanner {
     return saved;
   }
 
+  // Fills `entry`'s tensor with the box `box` of `saved`, once checked writable.
+  void add_fill(const FlatEntry& entry, const EntryMetadata* saved, ChunkBox box) {
+    const at::Tensor& destination = entry.value.toTensor();
+    check_writable_destination(destination, fmt::format("load: entry '{}'", entry.fqn));
+    fills_.push_back(TensorFill{saved, destination, std::move(box)});
+  }
+
   void require_partial(const std::string& fqn) const {
     if (!options_.allow_partial_load()) {
       throw InvalidArgument(fmt::format("load: entry '{}' is not in the checkpoint (LoadOptions::allow_partial_load "
@@ -704,12 +719,12 @@ class LoadPlanner {
     for (const EntryMetadata& saved : metadata_.entries) {
       if (std::get<std::string>(saved.path.front()) == key) saved_under_key.push_back(&saved);
     }
-    StatefulLoad load{object, {}};
+    StatefulLoad load{key, object, {}};
     for (const FlatEntry& entry : current.entries()) {
       if (const EntryMetadata* saved = find(entry)) {
         check_compatible(entry, *saved);
         if (saved->kind == EntryKind::kTensor) {
-          fills_.push_back(TensorFill{saved, entry.value.toTensor(), whole_box(saved->shape)});
+          add_fill(entry, saved, whole_box(saved->shape));
           load.entries.push_back(entry);
         } else {
           load.entries.push_back(FlatEntry{entry.fqn, entry.path, saved->value});

@@ -97,6 +97,23 @@ GlobalSavePlan create_global_save_plan(std::vector<SavePlan> local_plans) {
     }
   }
 
+  // An empty box holds no bytes and may sit at any offset, even where another rank's
+  // box starts (an uneven split of a small tensor over many ranks): it is dropped,
+  // unless the whole tensor is empty, which is then written once, as one whole box.
+  for (SavePlan& plan : local_plans) {
+    std::vector<WriteItem> kept;
+    for (WriteItem& item : plan.items) {
+      const bool empty_box = item.kind == EntryKind::kTensor && detail::checked_volume(item.box.sizes, item.fqn) == 0;
+      if (empty_box) {
+        const EntryMetadata& entry = global.metadata.entries[entry_of.at(item.fqn)];
+        if (detail::checked_volume(entry.shape, item.fqn) != 0) continue;
+        item.box = ChunkBox{std::vector<int64_t>(entry.shape.size(), 0), entry.shape};
+      }
+      kept.push_back(std::move(item));
+    }
+    plan.items = std::move(kept);
+  }
+
   // Each distinct tensor box is written once: collect the ranks offering each box, in
   // the order the boxes first appear, then pick the offering rank with the fewest bytes
   // planned so far.

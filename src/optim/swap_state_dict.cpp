@@ -57,49 +57,71 @@ StateDict SwapOptimizer::state_dict() {
       });
 }
 
-void SwapOptimizer::load_state_dict(const StateDict& state) {
-  const OptimizerLayout layout = read_optimizer_layout(state, *optimizer_, "SwapOptimizer load_state_dict");
-  const std::vector<at::Tensor>& params = layout.params;
+namespace {
 
-  // Validate everything and build the new states; change nothing until all is checked.
+// Every check of SwapOptimizer::load_state_dict on a layout read for a `family`
+// optimizer: returns each group's options.
+std::vector<AdamOptionValues> check_swap_state(Family family, const OptimizerLayout& layout) {
   std::vector<AdamOptionValues> options;
   for (const OptimizerLayout::Group& group : layout.groups) {
     options.push_back(read_adam_options(group.options, group.where));
   }
-  std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> new_states(params.size());
-  // Sources of the swapped states, by parameter and then slot, the layout's order.
-  std::vector<std::vector<SlotRequest>> requests_by_param(params.size());
   for (const OptimizerLayout::Entry& item : layout.entries) {
-    const size_t index = item.param;
-    const std::string& param_where = item.where;
-    const at::Tensor& param = params[index];
-    const c10::impl::GenericDict& entry = item.fields;
-    const int64_t step = require_int(entry, "step", param_where);
-    std::array<at::Tensor, detail::kSlotCount> loaded;
-    for (const auto& field : entry) {
+    const at::Tensor& param = layout.params[item.param];
+    require_int(item.fields, "step", item.where);
+    std::array<bool, detail::kSlotCount> present{};
+    for (const auto& field : item.fields) {
       const std::string& key = field.key().toStringRef();
       if (key == "step") continue;
       const int slot = detail::slot_of(key);
-      if (slot < 0 || !detail::family_has_slot(family_, slot)) {
+      if (slot < 0 || !detail::family_has_slot(family, slot)) {
         throw InvalidArgument(
-            fmt::format("{}: unexpected entry '{}' for {}", param_where, key, detail::family_name(family_)));
+            fmt::format("{}: unexpected entry '{}' for {}", item.where, key, detail::family_name(family)));
       }
       const c10::IValue& value = field.value();
       if (!value.isTensor() || !value.toTensor().defined() || value.toTensor().sizes() != param.sizes() ||
           !at::isFloatingType(value.toTensor().scalar_type())) {
-        throw InvalidArgument(fmt::format("{}.{}: expected a floating-point tensor of shape [{}], got {}", param_where,
+        throw InvalidArgument(fmt::format("{}.{}: expected a floating-point tensor of shape [{}], got {}", item.where,
                                           key, fmt::join(param.sizes(), ", "),
                                           value.isTensor() && value.toTensor().defined()
                                               ? describe(value.toTensor())
                                               : std::string(value.tagKind())));
       }
-      loaded[slot] = value.toTensor();
+      present[slot] = true;
     }
-    const bool amsgrad = options[layout.group_of[index]].amsgrad;
+    const bool amsgrad = options[layout.group_of[item.param]].amsgrad;
     for (int slot : {detail::kExpAvgSlot, detail::kExpAvgSqSlot, detail::kMaxExpAvgSqSlot}) {
-      if (!loaded[slot].defined() && (slot != detail::kMaxExpAvgSqSlot || amsgrad)) {
-        throw InvalidArgument(fmt::format("{}: missing entry '{}'", param_where, detail::slot_name(slot)));
+      if (!present[slot] && (slot != detail::kMaxExpAvgSqSlot || amsgrad)) {
+        throw InvalidArgument(fmt::format("{}: missing entry '{}'", item.where, detail::slot_name(slot)));
       }
+    }
+  }
+  return options;
+}
+
+const char* const kLoadWhere = "SwapOptimizer load_state_dict";
+
+}  // namespace
+
+void SwapOptimizer::check_load_state_dict(const StateDict& state) {
+  check_swap_state(family_, read_optimizer_layout(state, *optimizer_, kLoadWhere));
+}
+
+void SwapOptimizer::load_state_dict(const StateDict& state) {
+  const OptimizerLayout layout = read_optimizer_layout(state, *optimizer_, kLoadWhere);
+  const std::vector<at::Tensor>& params = layout.params;
+  // Check everything, then build the new states; change nothing until all is built.
+  const std::vector<AdamOptionValues> options = check_swap_state(family_, layout);
+  std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> new_states(params.size());
+  // Sources of the swapped states, by parameter and then slot, the layout's order.
+  std::vector<std::vector<SlotRequest>> requests_by_param(params.size());
+  for (const OptimizerLayout::Entry& item : layout.entries) {
+    const size_t index = item.param;
+    const at::Tensor& param = params[index];
+    std::array<at::Tensor, detail::kSlotCount> loaded;
+    for (const auto& field : item.fields) {
+      const std::string& key = field.key().toStringRef();
+      if (key != "step") loaded[detail::slot_of(key)] = field.value().toTensor();
     }
     const bool master_from_param = family_ == Family::kMasterAdamW && !loaded[detail::kMasterParamSlot].defined();
     if (master_from_param) {
@@ -109,7 +131,7 @@ void SwapOptimizer::load_state_dict(const StateDict& state) {
 
     auto fresh = detail::new_param_state(family_);
     detail::ParamStateRef ref = detail::state_ref(family_, *fresh);
-    *ref.step = step;
+    *ref.step = item.fields.at("step").toInt();
     const c10::ScalarType dtype = family_ == Family::kMasterAdamW ? at::kFloat : param.scalar_type();
     for (int slot = 0; slot < detail::kSlotCount; ++slot) {
       if (!loaded[slot].defined()) continue;

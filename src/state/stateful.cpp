@@ -1,4 +1,5 @@
 #include <stowage/error.h>
+#include <stowage/state/destination.h>
 #include <stowage/state/optimizer_layout.h>
 #include <stowage/state/stateful.h>
 
@@ -149,6 +150,8 @@ const OptimizerKind& kind_of(const torch::optim::Optimizer& optimizer) {
 
 // ------------------------------------------------------------------ capsules
 
+void Stateful::check_load_state_dict(const StateDict&) {}
+
 c10::IValue as_ivalue(c10::intrusive_ptr<Stateful> object) {
   if (!object) {
     throw InvalidArgument("as_ivalue: null Stateful");
@@ -197,7 +200,7 @@ StateDict ModuleState::state_dict() {
   return state;
 }
 
-void ModuleState::load_state_dict(const StateDict& state) {
+void ModuleState::check_load_state_dict(const StateDict& state) {
   const StateDict current = state_dict();
   for (const auto& item : current) {
     if (!state.contains(item.key())) {
@@ -214,14 +217,19 @@ void ModuleState::load_state_dict(const StateDict& state) {
       throw InvalidArgument(fmt::format("Module load_state_dict: '{}' is {} but the module expects {}", item.key(),
                                         src.defined() ? tensor_desc(src) : "undefined", tensor_desc(dst)));
     }
+    check_writable_destination(dst, fmt::format("Module load_state_dict: '{}'", item.key()));
   }
   for (const auto& item : state) {
     if (!current.contains(item.key())) {
       throw InvalidArgument(fmt::format("Module load_state_dict: unexpected key '{}'", item.key()));
     }
   }
+}
+
+void ModuleState::load_state_dict(const StateDict& state) {
+  check_load_state_dict(state);
   torch::NoGradGuard no_grad;
-  for (const auto& item : current) {
+  for (const auto& item : state_dict()) {
     item.value().toTensor().copy_(state.at(item.key()).toTensor());
   }
 }
@@ -252,33 +260,25 @@ StateDict OptimizerState::state_dict() {
                                 });
 }
 
-void OptimizerState::load_state_dict(const StateDict& state) {
-  const OptimizerKind& kind = kind_of(*optimizer_);
-  const OptimizerLayout layout =
-      read_optimizer_layout(state, *optimizer_, fmt::format("{} load_state_dict", kind.name));
+namespace {
 
-  // Validate everything and prepare the changes, then apply them all.
+// An optimizer state dict checked against `optimizer`: its layout, and the functions
+// that apply each group's options.
+struct CheckedOptimizerState {
+  OptimizerLayout layout;
   std::vector<std::function<void(torch::optim::OptimizerOptions&)>> apply_options;
-  for (const OptimizerLayout::Group& group : layout.groups) {
-    apply_options.push_back(kind.read_options(group.options, group.where));
+};
+
+CheckedOptimizerState check_optimizer_state(const OptimizerKind& kind, const StateDict& state,
+                                            torch::optim::Optimizer& optimizer) {
+  CheckedOptimizerState checked{
+      read_optimizer_layout(state, optimizer, fmt::format("{} load_state_dict", kind.name)), {}};
+  for (const OptimizerLayout::Group& group : checked.layout.groups) {
+    checked.apply_options.push_back(kind.read_options(group.options, group.where));
   }
-  std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> new_states(layout.params.size());
-  for (const OptimizerLayout::Entry& entry : layout.entries) {
-    const at::Tensor& param = layout.params[entry.param];
-    ParamStateView view;
-    if (kind.has_step) view.step = require_int(entry.fields, "step", entry.where);
-    for (const char* key : kind.tensor_keys) {
-      const auto it = entry.fields.find(key);
-      if (it == entry.fields.end()) continue;
-      if (!it->value().isTensor() || it->value().toTensor().sizes() != param.sizes()) {
-        throw InvalidArgument(fmt::format("{}.{}: expected a tensor of shape [{}], got {}", entry.where, key,
-                                          fmt::join(param.sizes(), ", "),
-                                          it->value().isTensor() ? tensor_desc(it->value().toTensor())
-                                                                 : it->value().tagKind()));
-      }
-      view.tensors.emplace_back(key, it->value().toTensor().to(param.device(), param.scalar_type(),
-                                                               /*non_blocking=*/false, /*copy=*/true));
-    }
+  for (const OptimizerLayout::Entry& entry : checked.layout.entries) {
+    const at::Tensor& param = checked.layout.params[entry.param];
+    if (kind.has_step) require_int(entry.fields, "step", entry.where);
     for (const auto& field : entry.fields) {
       const std::string& key = field.key().toStringRef();
       const bool known = (kind.has_step && key == "step") ||
@@ -287,6 +287,43 @@ void OptimizerState::load_state_dict(const StateDict& state) {
       if (!known) {
         throw InvalidArgument(fmt::format("{}: unexpected entry '{}' for {}", entry.where, key, kind.name));
       }
+      if (key == "step") continue;
+      const c10::IValue& value = field.value();
+      if (!value.isTensor() || !value.toTensor().defined() || value.toTensor().sizes() != param.sizes()) {
+        throw InvalidArgument(fmt::format("{}.{}: expected a tensor of shape [{}], got {}", entry.where, key,
+                                          fmt::join(param.sizes(), ", "),
+                                          value.isTensor() && value.toTensor().defined()
+                                              ? tensor_desc(value.toTensor())
+                                              : std::string(value.tagKind())));
+      }
+    }
+  }
+  return checked;
+}
+
+}  // namespace
+
+void OptimizerState::check_load_state_dict(const StateDict& state) {
+  check_optimizer_state(kind_of(*optimizer_), state, *optimizer_);
+}
+
+void OptimizerState::load_state_dict(const StateDict& state) {
+  const OptimizerKind& kind = kind_of(*optimizer_);
+  const CheckedOptimizerState checked = check_optimizer_state(kind, state, *optimizer_);
+  const OptimizerLayout& layout = checked.layout;
+
+  // Prepare the new states (copies onto each parameter's device and dtype), then apply
+  // them all.
+  std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> new_states(layout.params.size());
+  for (const OptimizerLayout::Entry& entry : layout.entries) {
+    const at::Tensor& param = layout.params[entry.param];
+    ParamStateView view;
+    if (kind.has_step) view.step = entry.fields.at("step").toInt();
+    for (const char* key : kind.tensor_keys) {
+      const auto it = entry.fields.find(key);
+      if (it == entry.fields.end()) continue;
+      view.tensors.emplace_back(key, it->value().toTensor().to(param.device(), param.scalar_type(),
+                                                               /*non_blocking=*/false, /*copy=*/true));
     }
     new_states[entry.param] = kind.make_state(view);
   }
@@ -300,7 +337,7 @@ void OptimizerState::load_state_dict(const StateDict& state) {
   }
   auto& param_groups = optimizer_->param_groups();
   for (size_t g = 0; g < param_groups.size(); ++g) {
-    apply_options[g](param_groups[g].options());
+    checked.apply_options[g](param_groups[g].options());
   }
 }
 

@@ -19,6 +19,10 @@
 //   reject DIR    async_save with PendingSave::kReject while only rank 1 has a save in
 //                 flight: every rank must reject, naming rank 1, and the save in
 //                 flight must still complete
+//   empty DIR     saves and loads shardings with empty shards: one where an empty
+//                 shard starts where another rank's starts, then random ones with empty
+//                 pieces anywhere (the same random choices on every rank), each loaded
+//                 into another random sharding and checked
 //
 // Exit status 0 when every check held; 1 with a message otherwise.
 #include <stowage/dcp/dcp.h>
@@ -33,6 +37,7 @@
 #include <chrono>
 #include <filesystem>
 #include <thread>
+#include <random>
 #include <set>
 #include <cstdlib>
 #include <iostream>
@@ -202,6 +207,81 @@ void async_command(const dcp::ProcessGroup& group, const std::string& dir) {
   state = make_state(2, false);
   dcp::load(state, dir + "-b", {}, group);
   check_state(state, 2);
+}
+
+// The shard of `global` along `dim` that this rank holds when the ranks' pieces end at
+// `cuts` (ascending, world - 1 of them, repeats making empty pieces); an empty piece
+// sits at `empty_offset` (any offset of the dimension is a valid place for it).
+c10::IValue piece(const torch::Tensor& global, int64_t dim, const std::vector<int64_t>& cuts, int64_t empty_offset,
+                  bool fill) {
+  const int64_t begin = g_rank == 0 ? 0 : cuts[g_rank - 1];
+  const int64_t end = g_rank == g_world - 1 ? global.size(dim) : cuts[g_rank];
+  std::vector<int64_t> offsets(global.dim(), 0);
+  offsets[dim] = begin == end ? empty_offset : begin;
+  const torch::Tensor local = global.narrow(dim, begin, end - begin).clone();
+  return dcp::sharded_tensor(fill ? local : torch::full_like(local, -1), global.sizes().vec(), offsets);
+}
+
+// A random sharding of every tensor of `globals`, drawn from `random` (seeded alike on
+// every rank), with empty pieces as likely as not.
+stowage::StateDict random_sharding(const std::vector<torch::Tensor>& globals, std::mt19937& random, bool fill) {
+  stowage::StateDict state;
+  for (size_t i = 0; i < globals.size(); ++i) {
+    const torch::Tensor& global = globals[i];
+    const int64_t dim = std::uniform_int_distribution<int64_t>(0, global.dim() - 1)(random);
+    const int64_t size = global.size(dim);
+    std::vector<int64_t> cuts;
+    for (int64_t r = 1; r < g_world; ++r) {
+      // Cuts at the ends or repeated make empty pieces: one in three cuts is at an end.
+      const int64_t kind = std::uniform_int_distribution<int64_t>(0, 2)(random);
+      cuts.push_back(kind == 0 ? 0 : kind == 1 ? size : std::uniform_int_distribution<int64_t>(0, size)(random));
+    }
+    std::sort(cuts.begin(), cuts.end());
+    const int64_t empty_offset = std::uniform_int_distribution<int64_t>(0, size)(random);
+    state.insert("t" + std::to_string(i), piece(global, dim, cuts, empty_offset, fill));
+  }
+  return state;
+}
+
+void empty_command(const dcp::ProcessGroup& group, const std::string& dir) {
+  // Rank 0 holds all 97 elements, every other rank an empty shard at offset 0; then
+  // loaded the other way round, the last rank holding all of it.
+  const torch::Tensor t = torch::arange(97, torch::kFloat);
+  stowage::StateDict state;
+  const bool holds_all = g_rank == 0;
+  state.insert("t", dcp::sharded_tensor(holds_all ? t : t.narrow(0, 0, 0), {97}, {0}));
+  dcp::save(state, dir, group);
+  const bool loads_all = g_rank == g_world - 1;
+  const torch::Tensor into = loads_all ? torch::zeros({97}) : torch::zeros({0});
+  stowage::StateDict target;
+  target.insert("t", dcp::sharded_tensor(into, {97}, {loads_all ? 0 : 97}));
+  dcp::load(target, dir, {}, group);
+  if (loads_all) REQUIRE(torch::equal(into, t), "t differs");
+
+  std::mt19937 random(20261201);
+  for (int round = 0; round < 8; ++round) {
+    std::vector<torch::Tensor> globals;
+    for (int i = 0; i < 12; ++i) {
+      std::vector<int64_t> shape;
+      const int64_t dims = std::uniform_int_distribution<int64_t>(1, 3)(random);
+      for (int64_t d = 0; d < dims; ++d) shape.push_back(std::uniform_int_distribution<int64_t>(0, 6)(random));
+      torch::manual_seed(round * 100 + i);
+      globals.push_back(torch::randn(shape));
+    }
+    const std::string round_dir = fmt::format("{}-{}", dir, round);
+    dcp::save(random_sharding(globals, random, /*fill=*/true), round_dir, group);
+    stowage::StateDict loaded = random_sharding(globals, random, /*fill=*/false);
+    dcp::load(loaded, round_dir, {}, group);
+    for (size_t i = 0; i < globals.size(); ++i) {
+      const auto shard = dcp::as_sharded_tensor(loaded.at("t" + std::to_string(i)));
+      torch::Tensor expected = globals[i];
+      for (int64_t d = 0; d < expected.dim(); ++d) {
+        expected = expected.narrow(d, shard->box().offsets[d], shard->box().sizes[d]);
+      }
+      REQUIRE(torch::equal(shard->local(), expected), "round {}: t{} of shape [{}] differs", round, i,
+              fmt::join(globals[i].sizes(), ", "));
+    }
+  }
 }
 
 // Fails (or dies) on rank `culprit` once its first chunk is written.
@@ -434,6 +514,8 @@ int main(int argc, char** argv) {
         early_command(group, dir);
       } else if (command == "reject") {
         reject_command(group, dir);
+      } else if (command == "empty") {
+        empty_command(group, dir);
       } else {
         throw std::runtime_error("unknown command " + command);
       }

@@ -77,6 +77,14 @@ TEST(DcpDistributed, ARejectedAsyncSaveOnOneRankIsRejectedOnEveryRank) {
   launch(2, fmt::format("reject {}", dir.sub("ckpt")));
 }
 
+TEST(DcpDistributed, EmptyShardsAnywhereSaveAndLoad) {
+  // An empty shard at the offset where another rank's shard starts, then random
+  // shardings with empty pieces anywhere, saved and loaded into other random ones.
+  const ScratchDir dir;
+  launch(2, fmt::format("empty {}", dir.sub("ckpt")));
+  launch(3, fmt::format("empty {}", dir.sub("ckpt3")));
+}
+
 // `world` ranks started by the test itself (launch would stop the survivors on its
 // own); `dying_rank` dies mid-write in the second of two saves.
 void expect_survivors_name_the_dead_rank(int world, int dying_rank) {

@@ -6,8 +6,11 @@
 
 #include <stowage/error.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+
+#include <random>
 
 namespace stowage::dcp {
 namespace {
@@ -153,6 +156,51 @@ TEST(DcpShard, AShardOfADifferentGlobalShapeIsAClearError) {
     ADD_FAILURE() << "loaded a shard of another shape";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("'w'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DcpPlanner, RandomShardingsWithEmptyPiecesAnywherePlanOnceAndTile) {
+  // Every rank holds one piece of each tensor, cut along one dimension at random points
+  // (repeats and ends make empty pieces), an empty piece at a random offset: the global
+  // plan writes every non-empty piece once and the recorded chunks tile the tensor.
+  std::mt19937 random(13);
+  const auto draw = [&](int64_t low, int64_t high) { return std::uniform_int_distribution<int64_t>(low, high)(random); };
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t world = draw(2, 6);
+    std::vector<int64_t> shape;
+    for (int64_t d = draw(1, 3); d > 0; --d) shape.push_back(draw(0, 5));
+    const int64_t dim = draw(0, static_cast<int64_t>(shape.size()) - 1);
+    std::vector<int64_t> cuts{0};
+    for (int64_t r = 1; r < world; ++r) cuts.push_back(draw(0, 2) == 0 ? cuts.front() : draw(0, shape[dim]));
+    cuts.push_back(shape[dim]);
+    std::sort(cuts.begin(), cuts.end());
+    std::vector<SavePlan> plans;
+    int64_t non_empty = 0;
+    for (int64_t rank = 0; rank < world; ++rank) {
+      std::vector<int64_t> sizes = shape;
+      sizes[dim] = cuts[rank + 1] - cuts[rank];
+      std::vector<int64_t> offsets(shape.size(), 0);
+      offsets[dim] = sizes[dim] == 0 ? draw(0, shape[dim]) : cuts[rank];
+      StateDict state;
+      state.insert("w", sharded_tensor(torch::zeros(sizes), shape, offsets));
+      const UnshardedState plain = unshard_state_dict(state);
+      plans.push_back(create_local_save_plan(flatten_state_dict(plain.state), rank, plain.layouts));
+      non_empty += torch::zeros(sizes).numel() != 0 ? 1 : 0;
+    }
+    const std::string where = fmt::format("trial {}: shape [{}] cut along {} at [{}]", trial, fmt::join(shape, ", "),
+                                          dim, fmt::join(cuts, ", "));
+    GlobalSavePlan global;
+    ASSERT_NO_THROW(global = create_global_save_plan(plans)) << where;
+    std::vector<std::vector<WriteResult>> results(world);
+    int64_t written = 0;
+    for (const SavePlan& plan : global.plans) {
+      for (const WriteItem& item : plan.items) {
+        results[plan.rank].push_back(WriteResult{item.fqn, item.box, StorageLocation{}, plan.rank});
+        if (item.nbytes != 0) ++written;
+      }
+    }
+    EXPECT_EQ(written, non_empty) << where;
+    ASSERT_NO_THROW(record_write_results(global.metadata, results)) << where;
   }
 }
 

@@ -1,11 +1,17 @@
 // The swap optimizer's state dict: round trips, both directions with the plain optimizer,
 // dtype casts, no device copies, and clear errors that change nothing.
 
+#include <stowage/dcp/dcp.h>
 #include <stowage/error.h>
 
 #include "optim/swap_test_util.h"
 
 #include <gmock/gmock.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include <unistd.h>
 
 namespace stowage::optim {
 namespace {
@@ -42,6 +48,28 @@ StateDict converted(const StateDict& sd, torch::Dtype dtype) {
   out.insert("state", per_param);
   out.insert("param_groups", sd.at("param_groups"));
   return out;
+}
+
+// An AdamW whose param groups hold `sizes` of `params` each, in order.
+std::shared_ptr<torch::optim::Optimizer> adamw_in_groups(const std::vector<torch::Tensor>& params,
+                                                         const std::vector<size_t>& sizes) {
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  size_t next = 0;
+  for (size_t size : sizes) {
+    groups.emplace_back(std::vector<torch::Tensor>(params.begin() + next, params.begin() + next + size),
+                        std::make_unique<torch::optim::AdamWOptions>(1e-2));
+    next += size;
+  }
+  return std::make_shared<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(1e-2));
+}
+
+StateDict checkpoint_state(const std::vector<torch::Tensor>& params, const c10::intrusive_ptr<SwapOptimizer>& swap,
+                           int64_t step) {
+  StateDict state;
+  for (size_t i = 0; i < params.size(); ++i) state.insert("p" + std::to_string(i), params[i].detach());
+  state.insert("optim", as_ivalue(c10::intrusive_ptr<Stateful>(swap)));
+  state.insert("step", step);
+  return state;
 }
 
 class SwapCheckpoint : public ::testing::TestWithParam<bool> {
@@ -156,6 +184,34 @@ TEST_P(SwapCheckpoint, ABadCheckpointIsRejectedAndChangesNothing) {
   StateDict bad_id = converted(before, torch::kFloat);
   bad_id.at("state").toGenericDict().insert("9", bad_id.at("state").toGenericDict().at("0"));
   expect_rejected(bad_id, "state.9: there are only 5 parameters");
+}
+
+TEST_P(SwapCheckpoint, ADcpLoadWithOtherParamGroupsFailsBeforeAnythingChanges) {
+  auto params = make_params(kShapes);
+  auto swap = swap_optimizer(adamw_in_groups(params, {2, 3}), config());
+  train([&] { swap->step(); }, params, 0, 2);
+  const char* base = std::getenv("TMPDIR");
+  const std::string dir = std::string(base != nullptr && *base != '\0' ? base : "/tmp") +
+                          "/stowage-swap-groups-" + std::to_string(::getpid()) + (GetParam() ? "-packed" : "");
+  dcp::save(checkpoint_state(params, swap, 3), dir);
+
+  for (const std::vector<size_t>& groups : {std::vector<size_t>{5}, std::vector<size_t>{3, 2}}) {
+    auto fresh_params = make_params(kShapes, torch::kFloat, /*seed=*/11);
+    const auto before = clone_params(fresh_params);
+    auto fresh = swap_optimizer(adamw_in_groups(fresh_params, groups), config());
+    StateDict target = checkpoint_state(fresh_params, fresh, 0);
+    try {
+      dcp::load(target, dir);
+      ADD_FAILURE() << "expected InvalidArgument";
+    } catch (const InvalidArgument& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("'optim'"));
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("SwapOptimizer load_state_dict"));
+    }
+    testing::expect_params_equal(before, fresh_params);
+    EXPECT_EQ(target.at("step").toInt(), 0);
+    EXPECT_EQ(fresh->state_dict().at("state").toGenericDict().size(), 0u);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, SwapCheckpoint, ::testing::Bool(),

@@ -199,6 +199,48 @@ TEST(ModuleState, StrictLoadRejectsMismatchesWithoutChangingTheModule) {
   EXPECT_TRUE(torch::equal(model->parameters()[0], torch::full_like(before, 5)));
 }
 
+TEST(OptimizerState, CheckLoadStateDictRejectsWhatLoadWouldAndChangesNothing) {
+  auto model = make_model();
+  auto optimizer = std::make_shared<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(0.1));
+  train(model, *optimizer, 2, 1);
+  OptimizerState adapter(optimizer);
+  StateDict good = create_cpu_state_dict(adapter.state_dict());
+  copy_state_dict(adapter.state_dict(), good);
+  adapter.check_load_state_dict(good);
+
+  StateDict wrong_groups = deep_copy_structure(good);
+  wrong_groups.at("param_groups").toList().push_back(wrong_groups.at("param_groups").toList().get(0));
+  StateDict undefined = deep_copy_structure(good);
+  undefined.at("state").toGenericDict().at("0").toGenericDict().insert_or_assign("exp_avg", at::Tensor());
+  for (const StateDict& bad : {wrong_groups, undefined}) {
+    EXPECT_THROW(adapter.check_load_state_dict(bad), InvalidArgument);
+    EXPECT_THROW(adapter.load_state_dict(bad), InvalidArgument);  // not a c10::Error
+  }
+  EXPECT_EQ(optimizer->param_groups()[0].options().get_lr(), 0.1);
+}
+
+TEST(ModuleState, AParameterThatCannotBeWrittenInPlaceIsRejectedBeforeAnyIsWritten) {
+  // An expanded parameter last: copy_ into it would throw after the others were filled.
+  auto model = std::make_shared<torch::nn::Module>();
+  const at::Tensor first = model->register_parameter("first", torch::zeros({3}));
+  model->register_parameter("shared_row", torch::zeros({1, 4}).expand({2, 4}));
+  ModuleState adapter(model);
+  StateDict sd;
+  sd.insert("first", torch::ones({3}));
+  sd.insert("shared_row", torch::ones({2, 4}));
+  for (const auto& call : std::vector<std::function<void()>>{[&] { adapter.check_load_state_dict(sd); },
+                                                             [&] { adapter.load_state_dict(sd); }}) {
+    try {
+      call();
+      ADD_FAILURE() << "expected InvalidArgument";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("'shared_row'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("overlap"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TRUE(torch::equal(first, torch::zeros({3})));
+}
+
 TEST(Stateful, TravelsInsideAStateDictAsACapsule) {
   auto model = make_model();
   StateDict sd;

@@ -118,7 +118,14 @@ struct LoadOptions {
 // except under a Stateful's key, where they are materialised on the CPU and handed to
 // its load_state_dict (a fresh optimizer gains its saved state). Everything is read
 // and verified before the first change: on an exception (a missing key, a shape or
-// dtype mismatch, a corrupt, short or missing file) `state` is unchanged. A
+// dtype mismatch, a destination that cannot be written in place, such as an expanded
+// or stride-0 view, an inference tensor or a meta tensor (the error names the entry),
+// a Stateful's check_load_state_dict() rejecting what it would get, a corrupt, short or
+// missing file) `state` is unchanged. What the planning pass cannot check: a Stateful
+// whose load_state_dict() then fails on what its check_load_state_dict() cannot see
+// (tensor contents, a lack of memory; or a Stateful that offers no check), and a data
+// file rewritten in place between the verification and the fill (docs/FORMAT.md);
+// those fail after the other entries were filled. A
 // ShardedTensor is filled with its box of the saved tensor, whatever chunks the
 // checkpoint holds; only the parts of saved chunks that overlap it are read (whole
 // checksum blocks, docs/FORMAT.md).

@@ -62,9 +62,12 @@ struct GlobalSavePlan {
 // Coordinator step: plans indexed by rank. A tensor box offered by several ranks (a
 // replicated tensor) is written once, by the one with the fewest bytes planned so far
 // (ties: the lowest rank): boxes held by one rank are planned first, then the shared
-// ones in the order the ranks list them. A value is taken from the lowest rank. Throws Error naming the entry and ranks when ranks
-// disagree on an entry's kind, dtype or shape, or when a tensor's boxes overlap,
-// leave the tensor, or leave part of it uncovered.
+// ones in the order the ranks list them. An empty box (no elements; it may sit at any
+// offset, even where another rank's box starts) is not written, unless the whole tensor
+// is empty: then it stands for the whole tensor, written once like a replicated box. A
+// value is taken from the lowest rank. Throws Error naming the entry and ranks when
+// ranks disagree on an entry's kind, dtype or shape, or when a tensor's non-empty boxes
+// overlap, leave the tensor, or leave part of it uncovered.
 GlobalSavePlan create_global_save_plan(std::vector<SavePlan> local_plans);
 
 // Coordinator step after the writes: fills every chunk's location. Throws Error if a

@@ -98,6 +98,9 @@ class SwapOptimizer final : public Stateful {
   // plain optimizer). Swapped states are copied straight into new host buffers, cast to
   // the state's dtype, without passing through the device.
   void load_state_dict(const StateDict& state) override;
+  // Every check of load_state_dict (param groups, options, state entries), changing
+  // nothing. What it cannot see: a failed download of a master taken from its parameter.
+  void check_load_state_dict(const StateDict& state) override;
 
  private:
   struct HostLayout;

@@ -6,7 +6,8 @@
 //
 // A Stateful can stand as a top-level value of a state dict passed to stowage::dcp's
 // save/load: wrap it with as_ivalue(). The checkpoint functions call state_dict() on the
-// caller's thread before staging, and load_state_dict() after loading.
+// caller's thread before staging; load calls check_load_state_dict() while it plans,
+// before anything changes, and load_state_dict() after loading.
 
 #include <stowage/state/state_dict.h>
 
@@ -35,6 +36,16 @@ class Stateful : public torch::CustomClassHolder {
   // Restores from a state dict shaped like state_dict()'s. Validates everything before
   // changing anything: on an exception the object is unchanged.
   virtual void load_state_dict(const StateDict& state) = 0;
+  // Throws what load_state_dict(state) would throw for the structure of `state`, and
+  // changes nothing. dcp::load calls it in its planning pass, before the first byte of
+  // any entry is written, with the state dict it will later hand to load_state_dict:
+  // its keys, non-tensor values and tensors' shapes and dtypes are final, but the
+  // tensors' contents are not loaded yet. So a load whose Stateful passes this check
+  // can still fail after the other entries were filled only in what this cannot see:
+  // a check of tensor contents, or a lack of resources (memory, a device copy) in
+  // load_state_dict. The default checks nothing: a Stateful that does not override it
+  // has its load_state_dict as its only check, after the rest of the load.
+  virtual void check_load_state_dict(const StateDict& state);
 };
 
 // Wraps a Stateful as a value that can be inserted into a StateDict.
@@ -50,6 +61,9 @@ class ModuleState final : public Stateful {
   explicit ModuleState(std::shared_ptr<torch::nn::Module> module);
   StateDict state_dict() override;
   void load_state_dict(const StateDict& state) override;
+  // Every check of load_state_dict: keys, shapes, dtypes, and that each parameter and
+  // buffer can be written in place.
+  void check_load_state_dict(const StateDict& state) override;
 
  private:
   std::shared_ptr<torch::nn::Module> module_;
@@ -66,6 +80,9 @@ class OptimizerState final : public Stateful {
   explicit OptimizerState(std::shared_ptr<torch::optim::Optimizer> optimizer);
   StateDict state_dict() override;
   void load_state_dict(const StateDict& state) override;
+  // Every check of load_state_dict: the param groups' count and sizes, their options,
+  // every state entry's keys, types and shapes.
+  void check_load_state_dict(const StateDict& state) override;
 
  private:
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
