@@ -1,5 +1,8 @@
 // Writes the seed corpora of the fuzzers (fuzz/corpus/): small real checkpoints saved
 // by dcp::save, their data files renamed to a.data and b.data for the reader fuzzer.
+// Run it again when the format changes (tests/dcp/format_version_test.cpp checks the
+// seeds' version); the metadata seeds version-<v>.json are older formats, copied from
+// tests/dcp/fixtures/, and stay.
 //
 //   make_seeds CORPUS_DIR
 

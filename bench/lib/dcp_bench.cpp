@@ -251,6 +251,85 @@ double run_dcp_rank_save_bench(const DcpBenchOptions& options, const std::string
   return gbps(total_bytes, best);
 }
 
+SmallEntriesBenchResult run_small_entries_bench(int64_t entries, int turns, const std::string& dir) {
+  if (entries < 1 || turns < 1) throw InvalidArgument("bench dcp: the entry and turn counts must be positive");
+  const Scratch scratch(dir);
+  std::vector<at::Tensor> tensors;
+  StateDict state, target;
+  for (int64_t i = 0; i < entries; ++i) {
+    tensors.push_back(torch::empty({16}).uniform_());
+    state.insert(fmt::format("layers.{}.weight", i), tensors.back());
+    target.insert(fmt::format("layers.{}.weight", i), torch::zeros({16}));
+  }
+  SmallEntriesBenchResult r;
+  r.entries = entries;
+  r.data_bytes = entries * 16 * 4;
+  const std::string checkpoint = scratch.sub("checkpoint");
+  const std::string torch_path = scratch.sub("torch.pt");
+  std::vector<double> save_s, torch_save_s, load_s, torch_load_s;
+  for (int turn = 0; turn < turns; ++turn) {
+    std::filesystem::remove_all(checkpoint);
+    std::filesystem::remove(torch_path);
+    const auto time_save = [&] { save_s.push_back(seconds([&] { dcp::save(state, checkpoint); })); };
+    const auto time_torch_save = [&] {
+      torch_save_s.push_back(seconds([&] {
+        torch::save(tensors, torch_path);
+        fsync_path(torch_path);
+      }));
+    };
+    // Alternate which comes first, as in take_turns.
+    if (turn % 2 == 0) {
+      time_save();
+      time_torch_save();
+    } else {
+      time_torch_save();
+      time_save();
+    }
+    const auto time_load = [&] { load_s.push_back(seconds([&] { dcp::load(target, checkpoint); })); };
+    const auto time_torch_load = [&] {
+      std::vector<at::Tensor> loaded;
+      malloc_trim(0);  // fresh memory, as in run_dcp_bench
+      torch_load_s.push_back(seconds([&] { torch::load(loaded, torch_path); }));
+      if (loaded.size() != tensors.size() || !torch::equal(loaded.back(), tensors.back())) {
+        throw Error("bench dcp: torch::load returned different tensors");
+      }
+    };
+    if (turn % 2 == 0) {
+      time_load();
+      time_torch_load();
+    } else {
+      time_torch_load();
+      time_load();
+    }
+    if (!torch::equal(target.at(fmt::format("layers.{}.weight", entries - 1)).toTensor(), tensors.back())) {
+      throw Error("bench dcp: dcp::load returned different tensors");
+    }
+  }
+  r.metadata_bytes = static_cast<int64_t>(std::filesystem::file_size(checkpoint + "/" + dcp::kMetadataFileName));
+  r.save_s = median(save_s);
+  r.torch_save_s = median(torch_save_s);
+  r.load_s = median(load_s);
+  r.torch_load_s = median(torch_load_s);
+  return r;
+}
+
+nlohmann::json to_json(const SmallEntriesBenchResult& r) {
+  return nlohmann::json{{"entries", r.entries},           {"data_bytes", r.data_bytes},
+                        {"metadata_bytes", r.metadata_bytes}, {"save_s", r.save_s},
+                        {"torch_save_s", r.torch_save_s}, {"load_s", r.load_s},
+                        {"torch_load_s", r.torch_load_s}};
+}
+
+std::string to_text(const SmallEntriesBenchResult& r) {
+  std::string out = fmt::format("dcp benchmark: {} tensors of 16 floats ({:.1f} MiB)\n", r.entries,
+                                r.data_bytes / 1048576.0);
+  out += fmt::format("  metadata {} bytes, {:.1f} per entry\n", r.metadata_bytes,
+                     static_cast<double>(r.metadata_bytes) / static_cast<double>(r.entries));
+  out += fmt::format("  save {:.3f} s, torch::save {:.3f} s\n", r.save_s, r.torch_save_s);
+  out += fmt::format("  load {:.3f} s, torch::load {:.3f} s\n", r.load_s, r.torch_load_s);
+  return out;
+}
+
 nlohmann::json to_json(const DcpBenchResult& r) {
   return nlohmann::json{{"bytes", r.bytes},
                         {"memcpy_gbps", r.memcpy_gbps},

@@ -51,4 +51,22 @@ nlohmann::json to_json(const DcpBenchResult& result);
 // Human-readable lines, with each target and whether it is met.
 std::string to_text(const DcpBenchResult& result);
 
+// Many small entries, where the metadata rather than the data dominates: `entries`
+// tensors of 16 floats ("layers.<i>.weight"), saved and loaded by dcp and by
+// torch::save/torch::load (a vector of the same tensors), each the median of `turns`
+// (torch::save and torch::load take time quadratic in the tensor count: 100,000 take
+// minutes each).
+struct SmallEntriesBenchResult {
+  int64_t entries = 0;
+  int64_t data_bytes = 0;      // the tensors' bytes
+  int64_t metadata_bytes = 0;  // the checkpoint's metadata file
+  double save_s = 0;           // dcp::save into an empty directory, sync_files on
+  double torch_save_s = 0;     // torch::save + fsync
+  double load_s = 0;           // dcp::load into preallocated tensors
+  double torch_load_s = 0;     // torch::load into fresh memory
+};
+SmallEntriesBenchResult run_small_entries_bench(int64_t entries, int turns = 3, const std::string& dir = "");
+nlohmann::json to_json(const SmallEntriesBenchResult& result);
+std::string to_text(const SmallEntriesBenchResult& result);
+
 }  // namespace stowage::bench

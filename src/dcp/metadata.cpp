@@ -8,11 +8,13 @@
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace stowage::dcp {
@@ -315,44 +317,87 @@ std::vector<std::string> Metadata::files() const {
   return out;
 }
 
+namespace {
+
+// ------------------------------------------------------- version 3: tables
+//
+// An entry is ["t", name, dtype, shape, chunks] or ["v", name, value]; a chunk is
+// [file index, offset, xxh3, rank, block xxh3s] for the whole tensor, with its offsets
+// and sizes appended for a part. The name is the fqn when the path is its keys split at
+// the dots, else the path itself. A chunk's length is its box's bytes.
+
+// Whether `path` is `fqn` split at its dots (keys only, none holding a dot).
+bool path_is_dotted_name(const ObjectPath& path) {
+  return std::all_of(path.begin(), path.end(), [](const PathElement& element) {
+    const auto* key = std::get_if<std::string>(&element);
+    return key != nullptr && key->find('.') == std::string::npos;
+  });
+}
+
+json encode_name(const EntryMetadata& entry) {
+  return path_is_dotted_name(entry.path) ? json(entry.fqn) : detail::encode_path(entry.path);
+}
+
+json encode_chunk(const TensorChunk& chunk, const std::vector<int64_t>& shape, size_t file_index) {
+  json blocks = json::array();
+  for (uint64_t block : chunk.location.block_checksums) blocks.push_back(hex64(block));
+  json out = json::array({file_index, chunk.location.offset, hex64(chunk.location.checksum), chunk.rank,
+                          std::move(blocks)});
+  const bool whole = chunk.box.sizes == shape && std::all_of(chunk.box.offsets.begin(), chunk.box.offsets.end(),
+                                                             [](int64_t offset) { return offset == 0; });
+  if (!whole) {
+    out.push_back(chunk.box.offsets);
+    out.push_back(chunk.box.sizes);
+  }
+  return out;
+}
+
+// The header fields every version has, of the version written.
+json encode_header(const Metadata& metadata) {
+  return json{{"format", "stowage.dcp"},    {"version", kFormatVersion},      {"save_id", metadata.save_id},
+              {"world_size", metadata.world_size}, {"byte_order", "little"}, {"alignment", kChunkAlignment},
+              {"checksum_block_bytes", kChecksumBlockBytes}};
+}
+
+// The document's text: the header on the first line, then one entry a line.
+std::string layout_text(json document) {
+  json entries = std::move(document["entries"]);
+  document.erase("entries");
+  std::string text = document.dump();
+  text.pop_back();  // the closing brace
+  text += ",\"entries\":[";
+  for (size_t i = 0; i < entries.size(); ++i) {
+    text += i == 0 ? "\n" : ",\n";
+    text += entries[i].dump();
+  }
+  text += "\n]}\n";
+  return text;
+}
+
+}  // namespace
+
 std::string encode_metadata(const Metadata& metadata) {
+  std::vector<std::string> files = metadata.files();
+  std::unordered_map<std::string, size_t> file_index;
+  for (size_t i = 0; i < files.size(); ++i) file_index.emplace(files[i], i);
   json entries = json::array();
   for (const EntryMetadata& entry : metadata.entries) {
-    json e{{"fqn", entry.fqn}, {"path", detail::encode_path(entry.path)}};
     if (entry.kind == EntryKind::kTensor) {
-      e["kind"] = "tensor";
-      e["dtype"] = dtype_name(entry.dtype);
-      e["shape"] = entry.shape;
       json chunks = json::array();
       for (const TensorChunk& chunk : entry.chunks) {
-        chunks.push_back(json{{"offsets", chunk.box.offsets},
-                              {"sizes", chunk.box.sizes},
-                              {"rank", chunk.rank},
-                              {"file", chunk.location.file},
-                              {"offset", chunk.location.offset},
-                              {"length", chunk.location.length},
-                              {"xxh3", hex64(chunk.location.checksum)}});
-        if (!chunk.location.block_checksums.empty()) {
-          json blocks = json::array();
-          for (uint64_t block : chunk.location.block_checksums) blocks.push_back(hex64(block));
-          chunks.back()["block_xxh3"] = std::move(blocks);
-        }
+        chunks.push_back(encode_chunk(chunk, entry.shape, file_index.at(chunk.location.file)));
       }
-      e["chunks"] = std::move(chunks);
+      entries.push_back(json::array({"t", encode_name(entry), dtype_name(entry.dtype), entry.shape, std::move(chunks)}));
     } else {
-      e["kind"] = "value";
-      e["value"] = encode_value(entry.value, entry.fqn);
+      entries.push_back(json::array({"v", encode_name(entry), encode_value(entry.value, entry.fqn)}));
     }
-    entries.push_back(std::move(e));
   }
-  json document{{"format", "stowage.dcp"},       {"version", metadata.version},
-                      {"save_id", metadata.save_id},    {"world_size", metadata.world_size},
-                      {"byte_order", "little"},         {"alignment", kChunkAlignment},
-                      {"checksum_block_bytes", kChecksumBlockBytes},
-                      {"entries", std::move(entries)}};
+  json document = encode_header(metadata);
+  document["files"] = std::move(files);
+  document["entries"] = std::move(entries);
   try {
     document[kChecksumField] = hex64(document_checksum(document));
-    return document.dump(1);
+    return layout_text(std::move(document));
   } catch (const json::type_error& e) {
     // The only failure dump() has: a string that is not UTF-8. Find whose.
     for (const EntryMetadata& entry : metadata.entries) {
@@ -365,6 +410,199 @@ std::string encode_metadata(const Metadata& metadata) {
     throw InvalidArgument(fmt::format("checkpoint metadata holds a string that is not valid UTF-8 ({})", e.what()));
   }
 }
+
+namespace {
+
+uint64_t parse_hash(const Decoder& d, const json& text, const char* field, const std::string& where) {
+  if (!text.is_string()) d.fail(where, fmt::format("field '{}' must hold 16 hex digits", field));
+  const std::string digits = text.get<std::string>();
+  char* end = nullptr;
+  errno = 0;
+  const uint64_t hash = std::strtoull(digits.c_str(), &end, 16);
+  if (digits.size() != 16 || errno != 0 || end != digits.c_str() + digits.size()) {
+    d.fail(where, fmt::format("field '{}' must hold 16 hex digits", field));
+  }
+  return hash;
+}
+
+void check_file_name(const Decoder& d, const std::string& name, const std::string& where) {
+  if (!is_safe_file_name(name)) d.fail(where, fmt::format("file name '{}' would leave the checkpoint directory", name));
+}
+
+// Block checksums of a chunk of `length` bytes: one per block when it spans several.
+std::vector<uint64_t> block_checksums(const Decoder& d, const json& hashes, int64_t length, const std::string& where) {
+  const int64_t blocks = (length + kChecksumBlockBytes - 1) / kChecksumBlockBytes;
+  const size_t expected = blocks > 1 ? static_cast<size_t>(blocks) : 0;
+  if (!hashes.is_array() || hashes.size() != expected) {
+    d.fail(where, fmt::format("field 'block_xxh3' must list {} block checksums", expected));
+  }
+  std::vector<uint64_t> out;
+  for (const json& hash : hashes) out.push_back(parse_hash(d, hash, "block_xxh3", where));
+  return out;
+}
+
+// The chunks tile the tensor and each is as long as its box: the checks of every version.
+void check_chunks(const Decoder& d, const EntryMetadata& entry, const std::string& where) {
+  try {
+    std::vector<ChunkBox> boxes;
+    for (const TensorChunk& chunk : entry.chunks) boxes.push_back(chunk.box);
+    detail::check_tiling(entry.shape, boxes, where);
+    for (const TensorChunk& chunk : entry.chunks) {
+      const int64_t volume = detail::checked_volume(chunk.box.sizes, where);
+      if (volume > std::numeric_limits<int64_t>::max() / element_size(entry.dtype) ||
+          chunk.location.length != volume * element_size(entry.dtype)) {
+        d.fail(where, fmt::format("a chunk of {} elements of {} cannot be {} bytes", volume, dtype_name(entry.dtype),
+                                  chunk.location.length));
+      }
+      if (chunk.location.offset > std::numeric_limits<int64_t>::max() - chunk.location.length) {
+        d.fail(where, "chunk byte range overflows");
+      }
+    }
+  } catch (const Error& e) {
+    if (std::string(e.what()).rfind("checkpoint metadata", 0) == 0) throw;
+    throw Error(fmt::format("checkpoint metadata {}: {}", d.origin, e.what()));
+  }
+}
+
+// ------------------------------------------------- versions 1 and 2: objects
+
+EntryMetadata decode_object_entry(const Decoder& d, const json& e, size_t i, int64_t version) {
+  EntryMetadata entry;
+  entry.fqn = d.string(e, "fqn", fmt::format("entry {}", i));
+  const std::string where = fmt::format("entry '{}'", entry.fqn);
+  entry.path = d.path(e, where);
+  if (path_to_string(entry.path) != entry.fqn) d.fail(where, "its path does not match its name");
+  const std::string kind = d.string(e, "kind", where);
+  if (kind == "value") {
+    entry.kind = EntryKind::kValue;
+    entry.value = d.value(d.field(e, "value", where), where);
+    return entry;
+  }
+  if (kind != "tensor") d.fail(where, fmt::format("unknown kind '{}'", kind));
+  entry.kind = EntryKind::kTensor;
+  entry.dtype = d.dtype(d.string(e, "dtype", where), where);
+  entry.shape = d.int_list(e, "shape", where);
+  const json& chunks = d.field(e, "chunks", where);
+  if (!chunks.is_array()) d.fail(where, "field 'chunks' must be a list");
+  for (const json& c : chunks) {
+    TensorChunk chunk;
+    chunk.box.offsets = d.int_list(c, "offsets", where);
+    chunk.box.sizes = d.int_list(c, "sizes", where);
+    chunk.rank = d.non_negative(c, "rank", where);
+    chunk.location.file = d.string(c, "file", where);
+    check_file_name(d, chunk.location.file, where);
+    chunk.location.offset = d.non_negative(c, "offset", where);
+    chunk.location.length = d.non_negative(c, "length", where);
+    chunk.location.checksum = parse_hash(d, d.field(c, "xxh3", where), "xxh3", where);
+    const int64_t blocks = (chunk.location.length + kChecksumBlockBytes - 1) / kChecksumBlockBytes;
+    if (version >= 2 && blocks > 1) {
+      chunk.location.block_checksums = block_checksums(d, d.field(c, "block_xxh3", where), chunk.location.length, where);
+    }
+    entry.chunks.push_back(std::move(chunk));
+  }
+  check_chunks(d, entry, where);
+  return entry;
+}
+
+// ---------------------------------------------------------- version 3: tables
+
+// The element `index` of the positional array `row`.
+const json& element(const Decoder& d, const json& row, size_t index, const char* what, const std::string& where) {
+  if (index >= row.size()) d.fail(where, fmt::format("missing its {}", what));
+  return row[index];
+}
+
+int64_t non_negative_element(const Decoder& d, const json& row, size_t index, const char* what,
+                             const std::string& where) {
+  const json& v = element(d, row, index, what, where);
+  if (!v.is_number_integer()) d.fail(where, fmt::format("its {} must be an integer", what));
+  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())) {
+    d.fail(where, fmt::format("its {} is out of range", what));
+  }
+  if (v.get<int64_t>() < 0) d.fail(where, fmt::format("its {} must not be negative", what));
+  return v.get<int64_t>();
+}
+
+std::vector<int64_t> int_list_element(const Decoder& d, const json& row, size_t index, const char* what,
+                                      const std::string& where) {
+  return d.int_list(json{{what, element(d, row, index, what, where)}}, what, where);
+}
+
+EntryMetadata decode_table_entry(const Decoder& d, const json& row, size_t i, const std::vector<std::string>& files) {
+  EntryMetadata entry;
+  const std::string position = fmt::format("entry {}", i);
+  if (!row.is_array() || row.empty() || !row[0].is_string()) d.fail(position, "expected a list starting with its kind");
+  const json& name = element(d, row, 1, "name", position);
+  if (name.is_string()) {
+    entry.fqn = name.get<std::string>();
+    size_t begin = 0;
+    for (size_t dot = entry.fqn.find('.'); ; dot = entry.fqn.find('.', begin)) {
+      entry.path.emplace_back(entry.fqn.substr(begin, dot == std::string::npos ? std::string::npos : dot - begin));
+      if (dot == std::string::npos) break;
+      begin = dot + 1;
+    }
+  } else {
+    entry.path = d.path(json{{"path", name}}, position);
+    entry.fqn = path_to_string(entry.path);
+  }
+  const std::string where = fmt::format("entry '{}'", entry.fqn);
+  const std::string kind = row[0].get<std::string>();
+  if (kind == "v") {
+    entry.kind = EntryKind::kValue;
+    entry.value = d.value(element(d, row, 2, "value", where), where);
+    return entry;
+  }
+  if (kind != "t") d.fail(where, fmt::format("unknown kind '{}'", kind));
+  entry.kind = EntryKind::kTensor;
+  const json& dtype = element(d, row, 2, "dtype", where);
+  if (!dtype.is_string()) d.fail(where, "its dtype must be a string");
+  entry.dtype = d.dtype(dtype.get<std::string>(), where);
+  entry.shape = int_list_element(d, row, 3, "shape", where);
+  const json& chunks = element(d, row, 4, "chunks", where);
+  if (!chunks.is_array()) d.fail(where, "its chunks must be a list");
+  for (const json& c : chunks) {
+    if (!c.is_array() || (c.size() != 5 && c.size() != 7)) d.fail(where, "a chunk must be a list of 5 or 7 fields");
+    TensorChunk chunk;
+    const int64_t file = non_negative_element(d, c, 0, "chunk's file index", where);
+    if (static_cast<uint64_t>(file) >= files.size()) {
+      d.fail(where, fmt::format("a chunk's file index {} is not below the {} files", file, files.size()));
+    }
+    chunk.location.file = files[file];
+    check_file_name(d, chunk.location.file, where);
+    chunk.location.offset = non_negative_element(d, c, 1, "chunk's offset", where);
+    chunk.location.checksum = parse_hash(d, c[2], "xxh3", where);
+    chunk.rank = non_negative_element(d, c, 3, "chunk's rank", where);
+    if (c.size() == 7) {
+      chunk.box.offsets = int_list_element(d, c, 5, "offsets", where);
+      chunk.box.sizes = int_list_element(d, c, 6, "sizes", where);
+    } else {
+      chunk.box = ChunkBox{std::vector<int64_t>(entry.shape.size(), 0), entry.shape};
+    }
+    // The length is the box's bytes; check_chunks below rejects what overflows.
+    const int64_t volume = detail::checked_volume(chunk.box.sizes, where);
+    if (volume > std::numeric_limits<int64_t>::max() / element_size(entry.dtype)) {
+      d.fail(where, "a chunk's byte length overflows");
+    }
+    chunk.location.length = volume * element_size(entry.dtype);
+    chunk.location.block_checksums = block_checksums(d, c[4], chunk.location.length, where);
+    entry.chunks.push_back(std::move(chunk));
+  }
+  check_chunks(d, entry, where);
+  return entry;
+}
+
+std::vector<std::string> decode_files(const Decoder& d, const json& document) {
+  const json& list = d.field(document, "files", "header");
+  if (!list.is_array()) d.fail("header", "field 'files' must be a list of file names");
+  std::vector<std::string> files;
+  for (const json& name : list) {
+    if (!name.is_string()) d.fail("header", "field 'files' must be a list of file names");
+    files.push_back(name.get<std::string>());
+  }
+  return files;
+}
+
+}  // namespace
 
 Metadata decode_metadata(const std::string& text, const std::string& origin) {
   const Decoder d{origin};
@@ -389,81 +627,13 @@ Metadata decode_metadata(const std::string& text, const std::string& origin) {
   if (d.string(document, "byte_order", "header") != "little") d.fail("header", "only little-endian data is supported");
   metadata.save_id = d.string(document, "save_id", "header");
   metadata.world_size = d.non_negative(document, "world_size", "header");
+  const std::vector<std::string> files = metadata.version >= 3 ? decode_files(d, document) : std::vector<std::string>();
   const json& entries = d.field(document, "entries", "header");
   if (!entries.is_array()) d.fail("header", "field 'entries' must be a list");
+  metadata.entries.reserve(entries.size());
   for (size_t i = 0; i < entries.size(); ++i) {
-    const json& e = entries[i];
-    EntryMetadata entry;
-    entry.fqn = d.string(e, "fqn", fmt::format("entry {}", i));
-    const std::string where = fmt::format("entry '{}'", entry.fqn);
-    entry.path = d.path(e, where);
-    if (path_to_string(entry.path) != entry.fqn) d.fail(where, "its path does not match its name");
-    const std::string kind = d.string(e, "kind", where);
-    if (kind == "value") {
-      entry.kind = EntryKind::kValue;
-      entry.value = d.value(d.field(e, "value", where), where);
-    } else if (kind == "tensor") {
-      entry.kind = EntryKind::kTensor;
-      entry.dtype = d.dtype(d.string(e, "dtype", where), where);
-      entry.shape = d.int_list(e, "shape", where);
-      const json& chunks = d.field(e, "chunks", where);
-      if (!chunks.is_array()) d.fail(where, "field 'chunks' must be a list");
-      std::vector<ChunkBox> boxes;
-      for (const json& c : chunks) {
-        TensorChunk chunk;
-        chunk.box.offsets = d.int_list(c, "offsets", where);
-        chunk.box.sizes = d.int_list(c, "sizes", where);
-        chunk.rank = d.non_negative(c, "rank", where);
-        chunk.location.file = d.string(c, "file", where);
-        if (!is_safe_file_name(chunk.location.file)) {
-          d.fail(where, fmt::format("file name '{}' would leave the checkpoint directory", chunk.location.file));
-        }
-        chunk.location.offset = d.non_negative(c, "offset", where);
-        chunk.location.length = d.non_negative(c, "length", where);
-        if (chunk.location.offset > std::numeric_limits<int64_t>::max() - chunk.location.length) {
-          d.fail(where, "chunk byte range overflows");
-        }
-        const auto parse_hash = [&](const json& text, const char* field) {
-          if (!text.is_string()) d.fail(where, fmt::format("field '{}' must hold 16 hex digits", field));
-          const std::string digits = text.get<std::string>();
-          char* end = nullptr;
-          errno = 0;
-          const uint64_t hash = std::strtoull(digits.c_str(), &end, 16);
-          if (digits.size() != 16 || errno != 0 || end != digits.c_str() + digits.size()) {
-            d.fail(where, fmt::format("field '{}' must hold 16 hex digits", field));
-          }
-          return hash;
-        };
-        chunk.location.checksum = parse_hash(d.field(c, "xxh3", where), "xxh3");
-        const int64_t blocks = (chunk.location.length + kChecksumBlockBytes - 1) / kChecksumBlockBytes;
-        if (metadata.version >= 2 && blocks > 1) {
-          const json& hashes = d.field(c, "block_xxh3", where);
-          if (!hashes.is_array() || static_cast<int64_t>(hashes.size()) != blocks) {
-            d.fail(where, fmt::format("field 'block_xxh3' must list {} block checksums", blocks));
-          }
-          for (const json& hash : hashes) chunk.location.block_checksums.push_back(parse_hash(hash, "block_xxh3"));
-        }
-        boxes.push_back(chunk.box);
-        entry.chunks.push_back(std::move(chunk));
-      }
-      try {
-        detail::check_tiling(entry.shape, boxes, where);
-        for (const TensorChunk& chunk : entry.chunks) {
-          const int64_t volume = detail::checked_volume(chunk.box.sizes, where);
-          if (volume > std::numeric_limits<int64_t>::max() / element_size(entry.dtype) ||
-              chunk.location.length != volume * element_size(entry.dtype)) {
-            d.fail(where, fmt::format("a chunk of {} elements of {} cannot be {} bytes", volume,
-                                      dtype_name(entry.dtype), chunk.location.length));
-          }
-        }
-      } catch (const Error& e) {
-        if (std::string(e.what()).rfind("checkpoint metadata", 0) == 0) throw;
-        throw Error(fmt::format("checkpoint metadata {}: {}", origin, e.what()));
-      }
-    } else {
-      d.fail(where, fmt::format("unknown kind '{}'", kind));
-    }
-    metadata.entries.push_back(std::move(entry));
+    metadata.entries.push_back(metadata.version >= 3 ? decode_table_entry(d, entries[i], i, files)
+                                                     : decode_object_entry(d, entries[i], i, metadata.version));
   }
   try {
     metadata.index();

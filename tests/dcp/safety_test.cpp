@@ -243,9 +243,9 @@ TEST(DcpSafety, MetadataIsValidatedBeforeAnythingIsRead) {
   const std::string file = location_of(d.metadata, "first").file;
   with("\"" + file + "\"", "\"../../etc/passwd\"");
   expect_error_naming([&] { load(d.target, d.dir.path()); }, {"first", "leave the checkpoint directory"});
-  with("\"version\": " + std::to_string(kFormatVersion), "\"version\": 99");
+  with("\"version\":" + std::to_string(kFormatVersion), "\"version\":99");
   expect_error_naming([&] { load(d.target, d.dir.path()); }, {"version 99"});
-  with("\"dtype\": \"Float\"", "\"dtype\": \"Pickle\"");
+  with("\"Float\"", "\"Pickle\"");
   expect_error_naming([&] { load(d.target, d.dir.path()); }, {"first", "unknown dtype 'Pickle'"});
   testing::write_file(path, good.substr(0, good.size() / 2));
   expect_error_naming([&] { load(d.target, d.dir.path()); }, {"not valid JSON"});

@@ -116,14 +116,23 @@ TEST(DcpShard, VersionOneCheckpointsStillLoadWholeOrInPart) {
   StateDict whole;
   whole.insert("w", global_tensor());
   save(whole, dir.path());
-  // Rewrite the metadata as version 1 wrote it: no block checksums, no metadata checksum.
-  nlohmann::json metadata = nlohmann::json::parse(testing::read_file(testing::metadata_path(dir.path())));
-  metadata["version"] = 1;
-  metadata.erase("checksum_block_bytes");
-  metadata.erase("metadata_xxh3");
-  for (auto& entry : metadata["entries"]) {
-    for (auto& chunk : entry["chunks"]) chunk.erase("block_xxh3");
+  // Rewrite the metadata as version 1 wrote it: an object per entry and chunk, no block
+  // checksums, no metadata checksum.
+  const Metadata saved = FileSystemReader(dir.path()).read_metadata();
+  nlohmann::json entries = nlohmann::json::array();
+  for (const EntryMetadata& entry : saved.entries) {
+    nlohmann::json chunks = nlohmann::json::array();
+    for (const TensorChunk& chunk : entry.chunks) {
+      chunks.push_back({{"offsets", chunk.box.offsets}, {"sizes", chunk.box.sizes}, {"rank", chunk.rank},
+                        {"file", chunk.location.file}, {"offset", chunk.location.offset},
+                        {"length", chunk.location.length}, {"xxh3", fmt::format("{:016x}", chunk.location.checksum)}});
+    }
+    entries.push_back({{"fqn", entry.fqn}, {"path", {entry.fqn}}, {"kind", "tensor"},
+                       {"dtype", c10::toString(entry.dtype)}, {"shape", entry.shape}, {"chunks", chunks}});
   }
+  nlohmann::json metadata{{"format", "stowage.dcp"}, {"version", 1},         {"save_id", saved.save_id},
+                          {"world_size", 1},         {"byte_order", "little"}, {"alignment", kChunkAlignment},
+                          {"entries", entries}};
   testing::write_file(testing::metadata_path(dir.path()), metadata.dump());
 
   FileSystemReader reader(dir.path());

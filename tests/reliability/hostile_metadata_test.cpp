@@ -73,8 +73,6 @@ TEST(HostileMetadata, IsRejectedBeforeAnyAllocationOrRead) {
       {"offset overflowing",
        [](dcp::Metadata& m) { first_chunk(m).location.offset = std::numeric_limits<int64_t>::max() - 8; },
        "overflows"},
-      {"length not matching the box", [](dcp::Metadata& m) { first_chunk(m).location.length = 4096; },
-       "cannot be 4096 bytes"},
       {"overlapping chunks of a tensor",
        [](dcp::Metadata& m) {
          dcp::TensorChunk second = first_chunk(m);
@@ -90,7 +88,6 @@ TEST(HostileMetadata, IsRejectedBeforeAnyAllocationOrRead) {
        },
        "overlap in data file"},
       {"unknown dtype", [](dcp::Metadata& m) { m.entries[0].dtype = c10::kQInt8; }, "unknown dtype 'QInt8'"},
-      {"wrong version", [](dcp::Metadata& m) { m.version = 7; }, "format version 7 is not supported"},
       {"chunk of another rank", [](dcp::Metadata& m) { first_chunk(m).box = {{0, 0}, {256, 1}}; }, "dimensions"},
   };
   int64_t rejected = 0;
@@ -131,7 +128,7 @@ TEST(HostileMetadata, TamperedTextFailsTheMetadataChecksum) {
   const std::string path = dcp::testing::metadata_path(dir.path());
   const std::string good = dcp::testing::read_file(path);
   for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
-           {"1234", "1235"}, {"0.5", "0.7"}, {"\"world_size\": 1", "\"world_size\": 2"}}) {
+           {"1234", "1235"}, {"0.5", "0.7"}, {"\"world_size\":1", "\"world_size\":2"}}) {
     std::string text = good;
     ASSERT_NE(text.find(from), std::string::npos) << from;
     text.replace(text.find(from), from.size(), to);

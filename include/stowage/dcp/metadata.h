@@ -19,8 +19,9 @@
 namespace stowage::dcp {
 
 // The version this build writes. Readers accept exactly the versions they know: 1 (no
-// block checksums) and 2.
-inline constexpr int64_t kFormatVersion = 2;
+// block checksums), 2 (one JSON object per entry and chunk) and 3 (a table layout:
+// positional entries and chunks, a table of file names; docs/FORMAT.md).
+inline constexpr int64_t kFormatVersion = 3;
 inline constexpr int64_t kOldestReadableFormatVersion = 1;
 // Name of the metadata file inside a checkpoint directory; its presence commits the
 // checkpoint.
@@ -74,7 +75,7 @@ struct EntryMetadata {
 };
 
 struct Metadata {
-  int64_t version = kFormatVersion;
+  int64_t version = kFormatVersion;  // of the checkpoint it was decoded from
   std::string save_id;      // unique per save; data file names carry it
   int64_t world_size = 1;
   std::vector<EntryMetadata> entries;
@@ -91,8 +92,9 @@ struct Metadata {
   std::unordered_map<std::string, size_t> by_fqn_;
 };
 
-// JSON text of `metadata`. Throws InvalidArgument naming the entry for a key or string
-// that is not valid UTF-8.
+// JSON text of `metadata` in the format this build writes (kFormatVersion, whatever
+// metadata.version says: that is the version a decoded checkpoint was read from).
+// Throws InvalidArgument naming the entry for a key or string that is not valid UTF-8.
 std::string encode_metadata(const Metadata& metadata);
 // Parses and validates metadata text: a known version, every field present and of its
 // type, known dtypes, chunk lengths matching their boxes, in-bounds chunks, safe file
