@@ -44,6 +44,9 @@ void Progress::step(const StepReport& r) {
                              {"staging_bytes", r.staging_bytes}}
                   .dump()
            << '\n';
+  // Each record reaches the file as it is written, so that a run killed (SIGKILL, a
+  // crash) loses at most the line being written.
+  metrics_.flush();
   last_step_ = r;
   if (interactive_) {
     draw();
