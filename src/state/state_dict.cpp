@@ -2,12 +2,37 @@
 #include <stowage/state/state_dict.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <string>
+#include <vector>
 
 namespace stowage {
 namespace {
 
 std::string describe(const ObjectPath& path) {
   return path.empty() ? std::string("<root>") : "'" + path_to_string(path) + "'";
+}
+
+// The path element by element, e.g. ["layers", 0, "w"]: unlike the dotted name it tells
+// "a.b" from "a" then "b".
+std::string describe_elements(const ObjectPath& path) {
+  std::vector<std::string> elements;
+  for (const PathElement& element : path) {
+    if (const auto* key = std::get_if<std::string>(&element)) {
+      std::string quoted = "\"";
+      for (const char c : *key) {
+        if (c == '"' || c == '\\') {
+          quoted += '\\';
+        }
+        quoted += c;
+      }
+      elements.push_back(quoted + '"');
+    } else {
+      elements.push_back(std::to_string(std::get<int64_t>(element)));
+    }
+  }
+  return fmt::format("[{}]", fmt::join(elements, ", "));
 }
 
 bool is_container(const c10::IValue& value) {
@@ -207,7 +232,7 @@ void FlatStateDict::add(FlatEntry entry) {
   if (!inserted) {
     throw InvalidArgument(fmt::format(
         "state dict entries {} and {} both flatten to the name '{}'",
-        describe(entries_[it->second].path), describe(entry.path), entry.fqn));
+        describe_elements(entries_[it->second].path), describe_elements(entry.path), entry.fqn));
   }
   entries_.push_back(std::move(entry));
 }

@@ -2,13 +2,19 @@
 // SIGKILL in the middle of an asynchronous checkpoint, and the ckpt subcommands.
 #include "cli/train_util.h"
 
+#include <gmock/gmock.h>
+
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 namespace stowage::testing {
 namespace {
@@ -114,6 +120,71 @@ TEST(Ckpt, VerifyReportsTheFirstCorruptEntryAndFails) {
   EXPECT_EQ(result.status, 2) << result.output;
   EXPECT_NE(result.output.find(first["key"].get<std::string>()), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("corrupt"), std::string::npos) << result.output;
+}
+
+// Bad options are found before anything is created: the run directory stays absent.
+TEST(Train, BadInputsLeaveNoRunDirectoryBehind) {
+  // kSmall has 2 blocks: 3 segments are too many.
+  for (const std::string& args :
+       {std::string("--corpus /nonexistent/corpus.txt"), std::string("--recompute-segments 3")}) {
+    SCOPED_TRACE(args);
+    RunDir dir;
+    const auto result = train(dir, "--steps 2 " + args);
+    EXPECT_NE(result.status, 0) << result.output;
+    EXPECT_THAT(result.output, ::testing::AnyOf(::testing::HasSubstr("/nonexistent/corpus.txt"),
+                                                ::testing::HasSubstr("--recompute-segments 3")));
+    EXPECT_FALSE(fs::exists(dir.path)) << "created " << dir.str();
+  }
+}
+
+// A run directory that cannot be created (here: below a regular file) is an error
+// naming it, not an uncaught std::filesystem exception that aborts the process.
+TEST(Train, ARunDirectoryThatCannotBeCreatedIsAClearError) {
+  RunDir file;
+  std::ofstream(file.path) << "not a directory";
+  const std::string run_dir = (file.path / "run").string();
+  const auto result = run_command(stowage_binary() + " train --run-dir " + run_dir + kSmall + " --steps 1");
+  EXPECT_EQ(result.status, 1) << result.output;
+  EXPECT_THAT(result.output, ::testing::HasSubstr("stowage: "));
+  EXPECT_THAT(result.output, ::testing::HasSubstr(run_dir));
+  EXPECT_THAT(result.output, ::testing::Not(::testing::HasSubstr("terminate called")));
+}
+
+// metrics.jsonl gets each record as it is written: a run killed with SIGKILL has every
+// step it reported in the file, each line whole.
+TEST(Train, MetricsOfAKilledRunHoldEveryReportedStep) {
+  RunDir dir;
+  constexpr int kKillAfter = 5;
+  // The shell prints its pid, then exec keeps it for stowage.
+  FILE* out = popen(("echo $$; exec " + stowage_binary() + " train --run-dir " + dir.str() +
+                     " --layers 2 --width 64 --heads 2 --batch 8 --seq-len 32 --threads 1 --steps 100000 "
+                     "--ckpt-every 0 --log-every 1 2>&1")
+                        .c_str(),
+                    "r");
+  ASSERT_NE(out, nullptr);
+  char line[4096];
+  ASSERT_NE(fgets(line, sizeof(line), out), nullptr);
+  const pid_t pid = static_cast<pid_t>(std::stol(line));
+  const std::string reported = "step " + std::to_string(kKillAfter) + "/";
+  std::string output;
+  while (fgets(line, sizeof(line), out) != nullptr) {
+    output += line;
+    if (std::string(line).rfind(reported, 0) == 0) {
+      kill(pid, SIGKILL);
+      break;
+    }
+  }
+  const int status = pclose(out);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << output;
+
+  std::ifstream metrics(dir.path / "metrics.jsonl");
+  std::vector<int> steps;
+  for (std::string record; std::getline(metrics, record);) {
+    const json parsed = json::parse(record);  // throws on a torn line
+    if (parsed["event"] == "step") steps.push_back(parsed["step"].get<int>());
+  }
+  ASSERT_GE(steps.size(), static_cast<size_t>(kKillAfter)) << output;
+  for (size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(steps[i], static_cast<int>(i) + 1);
 }
 
 TEST(Ckpt, LsRejectsADirectoryThatIsNoRun) {

@@ -1,3 +1,4 @@
+#include "cli_numbers.h"
 #include "commands.h"
 
 #include "activation_bench.h"
@@ -14,13 +15,13 @@ void add_bench_activation(CLI::App& bench) {
   auto config = std::make_shared<stowage::bench::ActivationBenchConfig>();
   auto json = std::make_shared<bool>(false);
   command->add_flag("--json", *json, "print the figures as JSON");
-  command->add_option("--blocks", config->blocks, "Linear + GELU blocks")->check(CLI::PositiveNumber);
-  command->add_option("--width", config->width, "features per layer")->check(CLI::PositiveNumber);
-  command->add_option("--batch", config->batch, "rows per step")->check(CLI::PositiveNumber);
+  command->add_option("--blocks", config->blocks, "Linear + GELU blocks")->check(positive_integer<int64_t>());
+  command->add_option("--width", config->width, "features per layer")->check(positive_integer<int64_t>());
+  command->add_option("--batch", config->batch, "rows per step")->check(positive_integer<int64_t>());
   command->add_option("--repetitions", config->repetitions, "timed steps per configuration")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_integer<int>());
   command->add_option("--segments", config->segments, "segment counts (default 2 4 8 and round(sqrt(blocks)))")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_integer<int64_t>());
   auto device = std::make_shared<std::string>("cpu");
   command->add_option("--device", *device, "where the model runs, e.g. cuda:0 (default cpu)");
   command->callback([config, json, device] {

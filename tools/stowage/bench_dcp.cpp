@@ -1,3 +1,4 @@
+#include "cli_numbers.h"
 #include "commands.h"
 
 #include "dcp_bench.h"
@@ -47,10 +48,10 @@ void add_bench_dcp(CLI::App& bench) {
   auto as_rank = std::make_shared<bool>(false);
   auto result_file = std::make_shared<std::string>();
   dcp->add_option("--size-mib", options->size_mib, "size of the state dict in MiB (64 tensors)")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_in<int64_t>(1, std::numeric_limits<int64_t>::max() >> 20));
   dcp->add_option("--dir", options->dir, "scratch directory (default: the system temp directory)");
   dcp->add_option("--nproc", *nproc, "also save the state sharded over this many local ranks (c10d Gloo)")
-      ->check(CLI::Range(1, 64));
+      ->check(integer_in(1, 64));
   dcp->add_flag("--json", *json, "print one JSON object");
   // Internal: how --nproc runs each rank.
   dcp->add_flag("--as-rank", *as_rank)->group("");

@@ -1,3 +1,4 @@
+#include "cli_numbers.h"
 #include "commands.h"
 
 #include <swap_bench.h>
@@ -10,14 +11,18 @@ void add_bench_swap(CLI::App& bench) {
   auto options = std::make_shared<bench::SwapBenchOptions>();
   auto json = std::make_shared<bool>(false);
   CLI::App* cmd = bench.add_subcommand("swap", "Optimizer-state swap: plain AdamW vs swap_times 2, 4, 16");
-  cmd->add_option("--params", options->params, "fp32 parameters in all (default 100M)");
-  cmd->add_option("--tensors", options->tensors, "number of parameter tensors (default 50)");
-  cmd->add_option("--warmup-steps", options->warmup_steps, "untimed steps per configuration (default 2)");
-  cmd->add_option("--steps", options->steps, "timed steps per configuration, taken in turns (default 7)");
+  cmd->add_option("--params", options->params, "fp32 parameters in all (default 100M)")
+      ->check(positive_integer<int64_t>());
+  cmd->add_option("--tensors", options->tensors, "number of parameter tensors (default 50)")
+      ->check(positive_integer<int64_t>());
+  cmd->add_option("--warmup-steps", options->warmup_steps, "untimed steps per configuration (default 2)")
+      ->check(non_negative_integer<int>());
+  cmd->add_option("--steps", options->steps, "timed steps per configuration, taken in turns (default 7)")
+      ->check(positive_integer<int>());
   auto cache_mib = std::make_shared<int64_t>(options->cpu_cache_bytes >> 20);
   cmd->add_option("--cpu-cache-mib", *cache_mib,
                   "CPU allocator block cache, like a device's caching allocator (0: none; default 2048)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_in<int64_t>(0, std::numeric_limits<int64_t>::max() >> 20));
   auto device = std::make_shared<std::string>("cpu");
   cmd->add_option("--device", *device, "where the parameters and updates are, e.g. cuda:0 (default cpu)");
   cmd->add_flag("--json", *json, "print the figures as JSON");

@@ -4,6 +4,7 @@
 //
 // Like torchrun, the first rank to fail brings the others down: they get SIGTERM, then
 // SIGKILL after a grace period, and launch exits with the failed rank's status.
+#include "cli_numbers.h"
 #include "commands.h"
 
 #include <stowage/error.h>
@@ -124,9 +125,10 @@ void add_launch_command(CLI::App& app) {
     std::vector<std::string> command;
   };
   auto options = std::make_shared<Options>();
-  cmd->add_option("--nproc", options->nproc, "number of ranks")->check(CLI::Range(1, 1024));
-  cmd->add_option("--master-port", options->port, "rendezvous port (default: a free one)")->check(CLI::Range(0, 65535));
-  cmd->add_option("--grace", options->grace_s, "seconds between SIGTERM and SIGKILL for the other ranks after a failure");
+  cmd->add_option("--nproc", options->nproc, "number of ranks")->check(integer_in(1, 1024));
+  cmd->add_option("--master-port", options->port, "rendezvous port (default: a free one)")->check(integer_in(0, 65535));
+  cmd->add_option("--grace", options->grace_s, "seconds between SIGTERM and SIGKILL for the other ranks after a failure")
+      ->check(non_negative_integer<int>());
   cmd->add_option("command", options->command, "the command to run, after --")->required();
   cmd->callback([options] {
     const int code = launch_ranks(options->nproc, options->port, std::chrono::seconds(options->grace_s), options->command);

@@ -26,6 +26,9 @@ int main(int argc, char** argv) {
   } catch (const c10::Error& e) {
     std::cerr << "stowage: " << e.what_without_backtrace() << "\n";
     return 1;
+  } catch (const std::exception& e) {  // e.g. std::filesystem's errors, which name the path
+    std::cerr << "stowage: " << e.what() << "\n";
+    return 1;
   }
   return 0;
 }

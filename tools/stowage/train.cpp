@@ -4,6 +4,7 @@
 // and asynchronous checkpoints every K steps from which --resume continues exactly.
 // With --nproc N (or under torchrun) it trains data-parallel on N ranks with the
 // optimizer state sharded over them (train_sharding.h).
+#include "cli_numbers.h"
 #include "commands.h"
 #include "train_checkpoints.h"
 #include "train_data.h"
@@ -126,9 +127,11 @@ class Trainer {
   void run() {
     torch::set_num_threads(options_.threads);
     memory::enable_accounting();
-    fs::create_directories(checkpoints_dir(options_.run_dir));
+    // The options are checked (the corpus read, the model built) before anything is
+    // created in the run directory, so that a bad one leaves nothing behind.
     const Corpus corpus = Corpus::load(options_.corpus, options_.seq_len + 2);
     build();
+    fs::create_directories(checkpoints_dir(options_.run_dir));
     // Rank 0 reports for the run; the other ranks only train.
     std::optional<Progress> progress;
     if (world_.rank == 0) {
@@ -403,35 +406,51 @@ void add_train_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "Train a byte-level transformer language model on a text corpus");
   cmd->add_option("--corpus", options->corpus, "text file or directory of text files")->capture_default_str();
   cmd->add_option("--run-dir", options->run_dir, "where metrics and checkpoints go")->capture_default_str();
-  cmd->add_option("--steps", options->steps, "train until this step")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--batch", options->batch, "sequences per step")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--seq-len", options->seq_len, "tokens per sequence")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--layers", options->layers, "transformer blocks")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--width", options->width, "model width")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--heads", options->heads, "attention heads")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--lr", options->lr, "AdamW learning rate")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--seed", options->seed, "random seed")->capture_default_str();
-  cmd->add_option("--threads", options->threads, "intra-op threads")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--steps", options->steps, "train until this step")
+      ->check(positive_integer<int64_t>())
+      ->capture_default_str();
+  cmd->add_option("--batch", options->batch, "sequences per step")
+      ->check(positive_integer<int64_t>())
+      ->capture_default_str();
+  cmd->add_option("--seq-len", options->seq_len, "tokens per sequence")
+      ->check(positive_integer<int64_t>())
+      ->capture_default_str();
+  cmd->add_option("--layers", options->layers, "transformer blocks")
+      ->check(positive_integer<int64_t>())
+      ->capture_default_str();
+  cmd->add_option("--width", options->width, "model width")->check(positive_integer<int64_t>())->capture_default_str();
+  cmd->add_option("--heads", options->heads, "attention heads")
+      ->check(positive_integer<int64_t>())
+      ->capture_default_str();
+  cmd->add_option("--lr", options->lr, "AdamW learning rate")->check(positive_number())->capture_default_str();
+  cmd->add_option("--seed", options->seed, "random seed")
+      ->check(non_negative_integer<uint64_t>())
+      ->capture_default_str();
+  cmd->add_option("--threads", options->threads, "intra-op threads")
+      ->check(positive_integer<int>())
+      ->capture_default_str();
   cmd->add_option("--recompute-segments", options->recompute_segments,
                   "activation checkpointing: checkpoint_sequential segments over the blocks (0: off)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative_integer<int64_t>())
       ->capture_default_str();
   cmd->add_option("--swap-times", options->swap_times,
                   "optimizer-state swap batches (0: plain AdamW with its state resident)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative_integer<int64_t>())
       ->capture_default_str();
   cmd->add_option("--ckpt-every", options->ckpt_every, "asynchronous checkpoint every K steps (0: none)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative_integer<int64_t>())
       ->capture_default_str();
-  cmd->add_option("--keep", options->keep, "committed checkpoints to keep")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--keep", options->keep, "committed checkpoints to keep")
+      ->check(positive_integer<int64_t>())
+      ->capture_default_str();
   cmd->add_flag("--resume", options->resume, "continue from the run directory's latest committed checkpoint");
   cmd->add_option("--log-every", options->log_every, "steps between log lines when not on a terminal")
-      ->check(CLI::PositiveNumber)
+      ->check(positive_integer<int64_t>())
       ->capture_default_str();
   cmd->add_option("--nproc", options->nproc,
                   "data-parallel ranks on this machine, started as with `stowage launch`; --batch is split "
                   "over them and the optimizer state sharded")
-      ->check(CLI::PositiveNumber)
+      ->check(positive_integer<int>())
       ->capture_default_str();
   cmd->callback([options] {
     if (options->nproc > 1 && std::getenv("WORLD_SIZE") == nullptr) {

@@ -5,7 +5,12 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 
 namespace stowage::cli {
 
@@ -18,6 +23,59 @@ std::string format_bytes(int64_t bytes) {
     ++unit;
   }
   return unit == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.1f} {}", value, units[unit]);
+}
+
+namespace {
+
+// The terminal's width in columns: the kernel's for stdout, else $COLUMNS, else 80.
+int terminal_columns() {
+  winsize size{};
+  if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 0) {
+    return size.ws_col;
+  }
+  const char* columns = std::getenv("COLUMNS");
+  const int parsed = columns != nullptr ? std::atoi(columns) : 0;
+  return parsed > 0 ? parsed : 80;
+}
+
+}  // namespace
+
+std::vector<ProgressField> progress_fields(const StepReport& r, const std::string& last_checkpoint) {
+  constexpr int kBarWidth = 24;
+  const int filled = r.total_steps > 0 ? static_cast<int>(kBarWidth * r.step / r.total_steps) : 0;
+  std::vector<ProgressField> fields = {
+      {fmt::format("{:>6}/{}", r.step, r.total_steps), 0},
+      {fmt::format("[{}{}]", std::string(filled, '#'), std::string(kBarWidth - filled, '.')), 3},
+      {fmt::format("loss {:.3f}", r.loss), 1},
+      {fmt::format("{:.0f} tok/s", r.tokens_per_s), 2},
+      {fmt::format("{:.0f} ms", r.step_s * 1e3), 5},
+      {fmt::format("act {}", format_bytes(r.peak_activation_bytes)), 6},
+      {fmt::format("optim {}", format_bytes(r.optimizer_resident_bytes)), 7},
+      {fmt::format("staging {}", format_bytes(r.staging_bytes)), 8},
+  };
+  if (!last_checkpoint.empty()) {
+    fields.push_back({last_checkpoint, 4});
+  }
+  return fields;
+}
+
+std::string fit_progress_line(const std::vector<ProgressField>& fields, int columns) {
+  const auto join = [&fields](int max_rank) {
+    std::string line;
+    for (const ProgressField& field : fields) {
+      if (field.rank > max_rank) continue;
+      if (!line.empty()) line += " | ";
+      line += field.text;
+    }
+    return line;
+  };
+  int max_rank = 0;
+  for (const ProgressField& field : fields) max_rank = std::max(max_rank, field.rank);
+  for (; max_rank > 0; --max_rank) {
+    const std::string line = join(max_rank);
+    if (static_cast<int>(line.size()) <= columns) return line;
+  }
+  return join(0).substr(0, static_cast<size_t>(std::max(columns, 0)));
 }
 
 Progress::Progress(const std::string& metrics_path, bool interactive, int64_t log_every)
@@ -44,6 +102,9 @@ void Progress::step(const StepReport& r) {
                              {"staging_bytes", r.staging_bytes}}
                   .dump()
            << '\n';
+  // Each record reaches the file as it is written, so that a run killed (SIGKILL, a
+  // crash) loses at most the line being written.
+  metrics_.flush();
   last_step_ = r;
   if (interactive_) {
     draw();
@@ -84,14 +145,10 @@ void Progress::message(const std::string& text) {
 
 void Progress::draw() {
   if (!last_step_) return;
-  const StepReport& r = *last_step_;
-  constexpr int kWidth = 24;
-  const int filled = r.total_steps > 0 ? static_cast<int>(kWidth * r.step / r.total_steps) : 0;
-  fmt::print("\r\033[2K{:>6}/{} [{}{}] loss {:.3f} | {:.0f} tok/s | {:.0f} ms | act {} | optim {} | staging {}{}{}",
-             r.step, r.total_steps, std::string(filled, '#'), std::string(kWidth - filled, '.'), r.loss,
-             r.tokens_per_s, r.step_s * 1e3, format_bytes(r.peak_activation_bytes),
-             format_bytes(r.optimizer_resident_bytes), format_bytes(r.staging_bytes),
-             last_checkpoint_.empty() ? "" : " | ", last_checkpoint_);
+  // One column short of the width: a line that fills the last column leaves some
+  // terminals' cursor on the next line.
+  const std::string line = fit_progress_line(progress_fields(*last_step_, last_checkpoint_), terminal_columns() - 1);
+  fmt::print("\r\033[2K{}", line);
   std::fflush(stdout);
 }
 

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace stowage::cli {
 
@@ -29,9 +30,28 @@ struct CheckpointReport {
   std::string path;
 };
 
+// One field of the progress line; fields with a larger `rank` are less important.
+struct ProgressField {
+  std::string text;
+  int rank = 0;
+};
+
+// The fields of the progress line for a step, in display order, and the last
+// checkpoint's summary (empty: none yet). Ranked from the step count (kept always),
+// the loss, throughput, the bar, the last checkpoint, the step time, down to the
+// memory figures.
+std::vector<ProgressField> progress_fields(const StepReport& report, const std::string& last_checkpoint);
+
+// The fields joined by " | ", leaving out the least important ones until the line is
+// at most `columns` characters; if even the most important field is longer, it is cut
+// to `columns`.
+std::string fit_progress_line(const std::vector<ProgressField>& fields, int columns);
+
 class Progress {
  public:
-  // Appends to `metrics_path`; `interactive` redraws one line (a terminal).
+  // Appends to `metrics_path`; `interactive` redraws one line (stdout is a terminal),
+  // fitted to the terminal's width at each redraw, so that it follows resizes and never
+  // wraps (a wrapped line would leave a new line behind at every redraw).
   Progress(const std::string& metrics_path, bool interactive, int64_t log_every);
   ~Progress();
 

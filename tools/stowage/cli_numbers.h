@@ -1,0 +1,54 @@
+#pragma once
+
+// Validators for the numeric options of the stowage commands. CLI11's Range,
+// PositiveNumber and NonNegativeNumber answer both "abc" and "-1" with "Value … not in
+// range 0.000000 to 179769313486231570…" (a 309-digit number); these say what is wrong
+// in the option's own terms: "abc is not an integer", "-1 is below the minimum of 1".
+
+#include <CLI/CLI.hpp>
+
+#include <limits>
+#include <string>
+#include <type_traits>
+
+namespace stowage::cli {
+
+namespace detail {
+// "" when `input` is a decimal integer in [min, max], else what is wrong with it.
+std::string integer_problem(const std::string& input, long long min, unsigned long long max);
+// "" when `input` is a finite number (strtod's syntax) greater than 0, else what is
+// wrong with it.
+std::string positive_number_problem(const std::string& input);
+}  // namespace detail
+
+// A decimal integer in [min, max] that fits the option's type T.
+template <typename T>
+CLI::Validator integer_in(T min, T max = std::numeric_limits<T>::max()) {
+  static_assert(std::is_integral_v<T>, "integer_in is for integer options");
+  // As CLI11's own validators describe themselves in --help.
+  const bool unbounded = max == std::numeric_limits<T>::max();
+  const std::string description = unbounded && min == 0   ? "NONNEGATIVE"
+                                  : unbounded && min == 1 ? "POSITIVE"
+                                  : unbounded             ? ">= " + std::to_string(min)
+                                                          : "[" + std::to_string(min) + " - " + std::to_string(max) + "]";
+  return CLI::Validator(
+      [min, max](std::string& input) {
+        return detail::integer_problem(input, static_cast<long long>(min), static_cast<unsigned long long>(max));
+      },
+      description);
+}
+
+template <typename T>
+CLI::Validator positive_integer() {
+  return integer_in<T>(1);
+}
+
+template <typename T>
+CLI::Validator non_negative_integer() {
+  return integer_in<T>(0);
+}
+
+// A finite floating-point number > 0.
+CLI::Validator positive_number();
+
+}  // namespace stowage::cli
