@@ -137,6 +137,20 @@ TEST(Train, BadInputsLeaveNoRunDirectoryBehind) {
   }
 }
 
+TEST(Train, ADeviceThatIsNoneOrMissingHereIsAClearErrorBeforeAnythingIsCreated) {
+  for (const auto& [device, message] : std::vector<std::pair<std::string, std::string>>{
+           {"gpu0", "--device 'gpu0' is not a device"},
+           {"cuda:7", "--device 'cuda:7': this "},  // "built without CUDA", or "machine has N CUDA devices"
+           {"mps", "--device 'mps': stowage runs on the CPU or on CUDA devices"}}) {
+    SCOPED_TRACE(device);
+    RunDir dir;
+    const auto result = train(dir, "--steps 2 --device " + device);
+    EXPECT_NE(result.status, 0) << result.output;
+    EXPECT_THAT(result.output, ::testing::HasSubstr(message));
+    EXPECT_FALSE(fs::exists(dir.path)) << "created " << dir.str();
+  }
+}
+
 // A run directory that cannot be created (here: below a regular file) is an error
 // naming it, not an uncaught std::filesystem exception that aborts the process.
 TEST(Train, ARunDirectoryThatCannotBeCreatedIsAClearError) {

@@ -51,6 +51,7 @@ struct TrainOptions {
   bool resume = false;
   int64_t log_every = 25;
   int nproc = 1;
+  std::string device = "cpu";  // "cuda": each rank's cuda:LOCAL_RANK
 };
 
 // The ranks of a data-parallel run: WORLD_SIZE and RANK as torchrun and `stowage launch`
@@ -120,9 +121,18 @@ struct PendingCheckpoint {
   }
 };
 
+// The device of --device for this rank: "cuda" alone means cuda:LOCAL_RANK (torchrun's
+// local rank), one GPU per rank; anything else as parse_device reads it.
+c10::Device rank_device(const std::string& text) {
+  const char* local_rank = std::getenv("LOCAL_RANK");
+  if (text == "cuda" && local_rank != nullptr && *local_rank != '\0') return parse_device("cuda:" + std::string(local_rank));
+  return parse_device(text);
+}
+
 class Trainer {
  public:
-  explicit Trainer(TrainOptions options) : options_(std::move(options)), world_(join_world(options_)) {}
+  explicit Trainer(TrainOptions options)
+      : options_(std::move(options)), world_(join_world(options_)), device_(rank_device(options_.device)) {}
 
   void run() {
     torch::set_num_threads(options_.threads);
@@ -177,12 +187,14 @@ class Trainer {
     model_options.width = options_.width;
     model_options.heads = options_.heads;
     model_ = LanguageModel(model_options);
+    // Initialised on the CPU and then moved, so that every device starts from the same weights.
+    model_->to(device_);
     vocab_ = model_options.vocab;
     if (options_.recompute_segments > options_.layers) {
       throw InvalidArgument(fmt::format("--recompute-segments {} exceeds the {} transformer blocks",
                                         options_.recompute_segments, options_.layers));
     }
-    baseline_bytes_ = memory::memory_allocated();
+    baseline_bytes_ = memory::memory_allocated(device_);
     // Each rank's optimizer steps its own range of the parameters: all of them on one rank.
     const std::vector<torch::Tensor> params = model_->parameters();
     const std::vector<ParamRange> ranges = shard_parameters(params, world_.size);
@@ -209,7 +221,7 @@ class Trainer {
     for (const auto& p : model_->parameters()) parameters += p.numel();
     return fmt::format(
         "training a {}-layer byte-level transformer ({:.2f}M parameters) on '{}' ({} bytes); activation "
-        "checkpointing: {}; optimizer: {}; checkpoints: {}{}",
+        "checkpointing: {}; optimizer: {}; checkpoints: {}{}{}",
         options_.layers, parameters / 1e6, corpus.source(), corpus.size(),
         options_.recompute_segments > 0 ? fmt::format("{} segments", options_.recompute_segments) : "off",
         swap_ ? fmt::format("AdamW with state swap ({} batches)", options_.swap_times) : "plain AdamW",
@@ -219,7 +231,12 @@ class Trainer {
         world_.size > 1 ? fmt::format("; data-parallel over {} ranks, optimizer state sharded (rank 0 owns "
                                       "parameters {}-{} of {})",
                                       world_.size, owned_.begin, owned_.end - 1, model_->parameters().size())
-                        : "");
+                        : "",
+        device_.is_cpu() ? ""
+                         : fmt::format("; on {}{}", device_.str(),
+                                       world_.group ? fmt::format(", gradients all-reduced through c10d {}",
+                                                                  world_.group->backend_name(device_))
+                                                    : ""));
   }
 
   double train_step(const Corpus& corpus, int64_t step) {
@@ -230,9 +247,11 @@ class Trainer {
       inputs = inputs.narrow(0, world_.rank * slice, slice);
       targets = targets.narrow(0, world_.rank * slice, slice);
     }
+    inputs = inputs.to(device_);
+    targets = targets.to(device_);
     model_->zero_grad();
-    memory::reset_peak_memory_stats();
-    const int64_t before = memory::memory_allocated();
+    memory::reset_peak_memory_stats(device_);
+    const int64_t before = memory::memory_allocated(device_);
     double loss_value = 0;
     {
       const int64_t segments = options_.recompute_segments;
@@ -247,7 +266,7 @@ class Trainer {
       parallel_->average_gradients();
       loss_value = parallel_->average(loss_value);
     }
-    const int64_t activation_peak = memory::max_memory_allocated() - before;
+    const int64_t activation_peak = memory::max_memory_allocated(device_) - before;
     // The snapshot of the last checkpoint must be complete before the step changes
     // what it copies; staging overlapped with this step's forward and backward.
     wait_for_staging();
@@ -259,7 +278,7 @@ class Trainer {
     if (parallel_) parallel_->share_parameters();
     step_ = step;
     const double step_s = seconds_since(start);
-    resident_bytes_ = memory::memory_allocated() - baseline_bytes_ - tensor_bytes(grads());
+    resident_bytes_ = memory::memory_allocated(device_) - baseline_bytes_ - tensor_bytes(grads());
     peak_activation_bytes_ = std::max(peak_activation_bytes_, activation_peak);
     report_finished_checkpoint();
     if (!progress_) return loss_value;
@@ -381,6 +400,7 @@ class Trainer {
 
   TrainOptions options_;
   World world_;
+  c10::Device device_;
   LanguageModel model_{nullptr};
   int64_t vocab_ = 0;
   std::shared_ptr<torch::optim::AdamW> adamw_;
@@ -451,6 +471,9 @@ void add_train_command(CLI::App& app) {
                   "data-parallel ranks on this machine, started as with `stowage launch`; --batch is split "
                   "over them and the optimizer state sharded")
       ->check(positive_integer<int>())
+      ->capture_default_str();
+  cmd->add_option("--device", options->device,
+                  "where the model trains: cpu, cuda:N, or cuda (each rank on cuda:LOCAL_RANK)")
       ->capture_default_str();
   cmd->callback([options] {
     if (options->nproc > 1 && std::getenv("WORLD_SIZE") == nullptr) {
