@@ -369,3 +369,57 @@ std::string to_text(const DcpBenchResult& r) {
 }
 
 }  // namespace stowage::bench
+
+namespace stowage::bench {
+
+DeviceStagingResult run_device_staging_bench(const DcpBenchOptions& options, c10::Device device) {
+  if (options.size_mib < 1 || options.tensors < 1) {
+    throw InvalidArgument("bench dcp: --size-mib and the tensor count must be positive");
+  }
+  const Scratch scratch(options.dir);
+  const int64_t numel = options.size_mib * (int64_t(1) << 20) / 4 / options.tensors;
+  StateDict state;
+  std::vector<at::Tensor> tensors;
+  for (int64_t i = 0; i < options.tensors; ++i) {
+    tensors.push_back(torch::empty({numel}, torch::TensorOptions().device(device)).uniform_());
+    state.insert(fmt::format("layers.{}.weight", i), tensors.back());
+  }
+  synchronize(device);
+  DeviceStagingResult r;
+  r.device = device.str();
+  r.bytes = numel * 4 * options.tensors;
+  {  // The limit: plain copies into preallocated pinned host buffers.
+    std::vector<at::Tensor> buffers;
+    for (const at::Tensor& t : tensors) {
+      buffers.push_back(memory::allocate_host(t.sizes(), t.scalar_type(), {/*pin_memory=*/true, false}));
+    }
+    const auto copy_all = [&] {
+      for (size_t i = 0; i < tensors.size(); ++i) buffers[i].copy_(tensors[i]);
+      synchronize(device);
+    };
+    copy_all();
+    r.copy_limit_gbps = gbps(r.bytes, best_of(3, copy_all));
+  }
+  dcp::DefaultStager stager;
+  stager.stage(state);  // allocates the cached buffers
+  r.stage_gbps = gbps(r.bytes, best_of(3, [&] { stager.stage(state); }));
+  dcp::FileSystemWriter writer(scratch.sub("checkpoint"));
+  const auto start = std::chrono::steady_clock::now();
+  dcp::AsyncSaveResponse response = dcp::async_save(state, writer, &stager);
+  r.async_block_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  response.upload_completion.get();
+  r.async_complete_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+nlohmann::json to_json(const DeviceStagingResult& r) {
+  return {{"device", r.device},
+          {"bytes", r.bytes},
+          {"copy_limit_gbps", r.copy_limit_gbps},
+          {"stage_gbps", r.stage_gbps},
+          {"stage_over_limit", r.stage_gbps / r.copy_limit_gbps},
+          {"async_block_s", r.async_block_s},
+          {"async_complete_s", r.async_complete_s}};
+}
+
+}  // namespace stowage::bench

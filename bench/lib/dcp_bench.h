@@ -6,6 +6,7 @@
 
 #include <stowage/dcp/process_group.h>
 
+#include <c10/core/Device.h>
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -68,5 +69,20 @@ struct SmallEntriesBenchResult {
 SmallEntriesBenchResult run_small_entries_bench(int64_t entries, int turns = 3, const std::string& dir = "");
 nlohmann::json to_json(const SmallEntriesBenchResult& result);
 std::string to_text(const SmallEntriesBenchResult& result);
+
+// Staging from a device (`bench dcp --device`): `size_mib` in options.tensors float
+// tensors on `device`, staged into host memory by DefaultStager (pinned where the build
+// can pin) against the device-to-host copy limit, and how long async_save blocks the
+// caller. On the CPU the limit is a memcpy.
+struct DeviceStagingResult {
+  std::string device;
+  int64_t bytes = 0;
+  double copy_limit_gbps = 0;     // tensor.copy_ into preallocated pinned buffers, one after another
+  double stage_gbps = 0;          // DefaultStager::stage, its buffers cached from an earlier call
+  double async_block_s = 0;       // caller blocked by async_save with that DefaultStager
+  double async_complete_s = 0;    // until that save committed
+};
+DeviceStagingResult run_device_staging_bench(const DcpBenchOptions& options, c10::Device device);
+nlohmann::json to_json(const DeviceStagingResult& result);
 
 }  // namespace stowage::bench

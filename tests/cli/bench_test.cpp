@@ -40,5 +40,26 @@ TEST(BenchDcp, JsonHasEveryFigureAndTheScratchSpaceIsRemoved) {
   fs::remove_all(dir);
 }
 
+// The device staging figures of the GPU check (scripts/device_check.sh), here from the CPU.
+TEST(BenchDcp, DeviceStagingJsonHasEveryFigure) {
+  const fs::path dir = fs::temp_directory_path() / ("stowage-bench-device-test-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const auto result = run_command(stowage_binary() + " bench dcp --device cpu --size-mib 4 --json --dir " + dir.string());
+  ASSERT_EQ(result.status, 0) << result.output;
+  std::istringstream lines(result.output);
+  std::string last;
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.empty() && line.front() == '{') last = line;
+  }
+  const nlohmann::json figures = nlohmann::json::parse(last);
+  EXPECT_EQ(figures["device"], "cpu");
+  for (const char* key : {"copy_limit_gbps", "stage_gbps", "stage_over_limit", "async_block_s", "async_complete_s"}) {
+    ASSERT_TRUE(figures.contains(key)) << key << " missing from " << last;
+    EXPECT_GT(figures[key].get<double>(), 0) << key;
+  }
+  EXPECT_TRUE(fs::is_empty(dir)) << "the benchmark left files in " << dir;
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace stowage::testing

@@ -52,11 +52,20 @@ void add_bench_dcp(CLI::App& bench) {
   dcp->add_option("--dir", options->dir, "scratch directory (default: the system temp directory)");
   dcp->add_option("--nproc", *nproc, "also save the state sharded over this many local ranks (c10d Gloo)")
       ->check(integer_in(1, 64));
+  auto device = std::make_shared<std::string>();
+  dcp->add_option("--device", *device,
+                  "instead: stage a state dict on this device (e.g. cuda:0) against the device-to-host copy limit, "
+                  "and time async_save's block");
   dcp->add_flag("--json", *json, "print one JSON object");
   // Internal: how --nproc runs each rank.
   dcp->add_flag("--as-rank", *as_rank)->group("");
   dcp->add_option("--result-file", *result_file)->group("");
-  dcp->callback([options, json, nproc, as_rank, result_file] {
+  dcp->callback([options, json, nproc, as_rank, result_file, device] {
+    if (!device->empty()) {
+      const auto result = bench::run_device_staging_bench(*options, parse_device(*device));
+      std::cout << bench::to_json(result).dump(*json ? -1 : 2) << "\n";
+      return;
+    }
     if (*as_rank) {
       const stowage::dcp::ProcessGroup group = stowage::dcp::init_process_group_from_env();
       const double gbps = bench::run_dcp_rank_save_bench(*options, options->dir, group);
