@@ -79,7 +79,7 @@ json encode_value(const c10::IValue& value, const std::string& fqn) {
                        : type->kind() == c10::TypeKind::StringType ? "str"
                                                                    : "any";
     json items = json::array();
-    for (const c10::IValue& element : list) {
+    for (const c10::IValue element : list) {
       items.push_back(encode_scalar(element, fqn));
     }
     return json{{"t", "list"}, {"elem", elem}, {"v", std::move(items)}};

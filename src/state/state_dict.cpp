@@ -117,7 +117,7 @@ c10::IValue copy_structure(const c10::IValue& value) {
     const auto list = value.toList();
     c10::impl::GenericList copy(list.elementType());
     copy.reserve(list.size());
-    for (const c10::IValue& element : list) {
+    for (const c10::IValue element : list) {
       copy.push_back(copy_structure(element));
     }
     return copy;

@@ -179,7 +179,7 @@ TEST_P(SwapCheckpoint, ABadCheckpointIsRejectedAndChangesNothing) {
                   "state.0: unexpected entry 'momentum_buffer' for torch::optim::AdamW");
   expect_rejected(with_entry("0", "step", c10::IValue(1.5)), "state.0: 'step' must be an int");
   StateDict missing = converted(before, torch::kFloat);
-  missing.at("state").toGenericDict().at("3").toGenericDict().erase("max_exp_avg_sq");
+  ASSERT_EQ(missing.at("state").toGenericDict().at("3").toGenericDict().erase("max_exp_avg_sq"), 1u);
   expect_rejected(missing, "state.3: missing entry 'max_exp_avg_sq'");
   StateDict bad_id = converted(before, torch::kFloat);
   bad_id.at("state").toGenericDict().insert("9", bad_id.at("state").toGenericDict().at("0"));
@@ -230,7 +230,9 @@ TEST(SwapCheckpointMasters, MasterWeightsRoundTripAndComeFromTheParameterWhenAbs
 
   // A checkpoint without masters (e.g. of a plain AdamW): the masters are the parameters.
   StateDict without_masters = converted(saved, torch::kFloat);
-  for (const auto& item : without_masters.at("state").toGenericDict()) item.value().toGenericDict().erase("master_param");
+  for (const auto& item : without_masters.at("state").toGenericDict()) {
+    EXPECT_EQ(item.value().toGenericDict().erase("master_param"), 1u) << item.key().toStringRef();
+  }
   restored->load_state_dict(without_masters);
   const auto state = restored->state_dict().at("state").toGenericDict();
   EXPECT_TRUE(torch::equal(state.at("0").toGenericDict().at("master_param").toTensor(),
