@@ -54,7 +54,9 @@ struct FileSystemWriterOptions {
 };
 
 // Writes checkpoints into one directory. It is also the stager async_save uses when
-// none is given: a BlockingAsyncStager with the writer's cache_staged_state_dict.
+// none is given: a BlockingAsyncStager with the writer's cache_staged_state_dict (see
+// BlockingAsyncStager for sharing: cached, async_save waits for the save still writing
+// its previous snapshot, also when that save runs on another writer).
 class FileSystemWriter : public StorageWriter, public BlockingAsyncStager {
  public:
   explicit FileSystemWriter(std::string path, FileSystemWriterOptions options = {});
