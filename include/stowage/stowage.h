@@ -16,6 +16,7 @@
 #include <stowage/optim/swap_config.h>
 #include <stowage/optim/swap_optimizer.h>
 #include <stowage/state/copy.h>
+#include <stowage/state/destination.h>
 #include <stowage/state/optimizer_layout.h>
 #include <stowage/state/state_dict.h>
 #include <stowage/state/stateful.h>
