@@ -30,6 +30,7 @@
 #include <stowage/state/stateful.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include <algorithm>
