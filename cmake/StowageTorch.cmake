@@ -40,6 +40,24 @@ if(NOT STOWAGE_GLOO_INCLUDE_DIR)
                       "install Debian's libgloo-dev or set STOWAGE_GLOO_INCLUDE_DIR")
 endif()
 
+# TorchConfig finds some of its libraries (c10 among them) with find_library(... PATHS
+# <its prefix>/lib), which searches the system's directories first: with a second
+# LibTorch installed there (Debian's), a build on a pip wheel would link that one's libc10
+# too, and abort at start-up. Where the found LibTorch has a library of that name itself,
+# link that one.
+set(stowage_torch_libraries)
+foreach(library ${TORCH_LIBRARIES})
+  get_filename_component(library_name "${library}" NAME)
+  set(own "${TORCH_INSTALL_PREFIX}/lib/${library_name}")
+  if(IS_ABSOLUTE "${library}" AND library_name MATCHES "^lib(c10|torch)" AND EXISTS "${own}"
+     AND NOT library STREQUAL own)
+    message(STATUS "stowage: linking ${own}, not ${library} (another LibTorch's)")
+    set(library "${own}")
+  endif()
+  list(APPEND stowage_torch_libraries "${library}")
+endforeach()
+set(TORCH_LIBRARIES ${stowage_torch_libraries})
+
 set(STOWAGE_TORCH_VERSION ${Torch_VERSION})
 # A CUDA LibTorch defines the torch_cuda target; its config has already found the CUDA
 # toolkit (CUDAToolkit_VERSION) that its CUDA libraries and nvcc belong to.
