@@ -5,9 +5,10 @@
 # STOWAGE_DEPS_DIR names a folder with their headers and googletest's sources, gathered by
 # scripts/device_check.sh for a machine that has LibTorch but none of these packages.
 #
-# fmt: a LibTorch that ships fmt's headers (PyPI's wheels do, a newer fmt than Debian's)
-# reaches them from its own include directory, ahead of the system's. stowage then uses
-# those headers, header-only, so that every translation unit sees one fmt.
+# fmt: a LibTorch whose include directories hold fmt's headers (PyPI's wheels ship a newer
+# fmt than Debian's; Debian's /usr/include holds libfmt-dev's) reaches them ahead of any
+# other. stowage then uses those headers, header-only, so that every translation unit
+# sees the one fmt the LibTorch's own headers see.
 
 add_library(stowage_fmt INTERFACE)
 set(STOWAGE_FMT_HEADER_ONLY OFF)
