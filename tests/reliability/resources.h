@@ -12,9 +12,22 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 namespace stowage::reliability {
+
+// The names of this process's threads, to say which one a leak check found.
+inline std::string thread_names() {
+  std::string names;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    names += (names.empty() ? "" : ", ") + name;
+  }
+  return names;
+}
 
 inline size_t entries_in(const char* dir) {
   size_t count = 0;
@@ -25,6 +38,9 @@ inline size_t entries_in(const char* dir) {
   return count;
 }
 
+// Threads are counted for the whole process: the suite runs with one intra-op thread
+// (tests/CMakeLists.txt), so that LibTorch's OpenMP workers, which any thread that runs a
+// parallel operation starts (LibTorch 2.x runs two on two cores), are not counted.
 struct Resources {
   size_t fds = entries_in("/proc/self/fd");
   size_t threads = entries_in("/proc/self/task");
@@ -37,7 +53,7 @@ struct Resources {
 inline void expect_nothing_leaked_since(const Resources& before, const std::string& figure_prefix = "") {
   const Resources after;
   EXPECT_EQ(after.fds, before.fds);
-  EXPECT_EQ(after.threads, before.threads);
+  EXPECT_EQ(after.threads, before.threads) << "threads now: " << thread_names();
   EXPECT_EQ(after.host_bytes, before.host_bytes);
   if (figure_prefix.empty()) return;
   record_figure(figure_prefix + ".fd_delta", static_cast<int64_t>(after.fds) - static_cast<int64_t>(before.fds));
