@@ -15,18 +15,23 @@ namespace stowage::testing {
 namespace {
 namespace fs = std::filesystem;
 
+// The benchmark's JSON object: its last line that starts one (LibTorch may log before it).
+std::string last_json_line(const std::string& output) {
+  std::istringstream lines(output);
+  std::string last;
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.empty() && line.front() == '{') last = line;
+  }
+  return last;
+}
+
 TEST(BenchDcp, JsonHasEveryFigureAndTheScratchSpaceIsRemoved) {
   const fs::path dir = fs::temp_directory_path() / ("stowage-bench-test-" + std::to_string(getpid()));
   fs::create_directories(dir);
   const auto result =
       run_command(stowage_binary() + " bench dcp --size-mib 4 --nproc 2 --json --dir " + dir.string());
   ASSERT_EQ(result.status, 0) << result.output;
-  // The JSON object is the last line; LibTorch may have logged before it.
-  std::istringstream lines(result.output);
-  std::string last;
-  for (std::string line; std::getline(lines, line);) {
-    if (!line.empty() && line.front() == '{') last = line;
-  }
+  const std::string last = last_json_line(result.output);
   const nlohmann::json figures = nlohmann::json::parse(last);
   for (const char* key : {"memcpy_gbps", "stage_cached_gbps", "stage_uncached_gbps", "save_gbps",
                           "save_one_thread_gbps", "raw_write_gbps", "torch_save_gbps", "load_gbps", "torch_load_gbps",
@@ -46,11 +51,7 @@ TEST(BenchDcp, DeviceStagingJsonHasEveryFigure) {
   fs::create_directories(dir);
   const auto result = run_command(stowage_binary() + " bench dcp --device cpu --size-mib 4 --json --dir " + dir.string());
   ASSERT_EQ(result.status, 0) << result.output;
-  std::istringstream lines(result.output);
-  std::string last;
-  for (std::string line; std::getline(lines, line);) {
-    if (!line.empty() && line.front() == '{') last = line;
-  }
+  const std::string last = last_json_line(result.output);
   const nlohmann::json figures = nlohmann::json::parse(last);
   EXPECT_EQ(figures["device"], "cpu");
   for (const char* key : {"copy_limit_gbps", "stage_gbps", "stage_over_limit", "async_block_s", "async_complete_s"}) {
