@@ -56,11 +56,16 @@ double median(std::vector<double> values) {
 // Runs the measurements kRounds times in turns: each round starts with the next one and
 // odd rounds run backwards, so that none always comes first or follows the same one
 // (two swap places every round).
-void take_turns(const std::vector<std::function<void()>>& measurements) {
+// Round `round` of take_turns: each measurement once, in an order that rotates with the
+// round and runs backwards in odd rounds.
+void run_round(int round, const std::vector<std::function<void()>>& measurements) {
   const size_t n = measurements.size();
-  for (int i = 0; i < kRounds; ++i) {
-    for (size_t k = 0; k < n; ++k) measurements[(i % 2 == 0 ? i + k : i + n - k) % n]();
-  }
+  const size_t i = static_cast<size_t>(round);
+  for (size_t k = 0; k < n; ++k) measurements[(i % 2 == 0 ? i + k : i + n - k) % n]();
+}
+
+void take_turns(const std::vector<std::function<void()>>& measurements) {
+  for (int i = 0; i < kRounds; ++i) run_round(i, measurements);
 }
 
 template <typename Fn>
@@ -277,14 +282,7 @@ SmallEntriesBenchResult run_small_entries_bench(int64_t entries, int turns, cons
         fsync_path(torch_path);
       }));
     };
-    // Alternate which comes first, as in take_turns.
-    if (turn % 2 == 0) {
-      time_save();
-      time_torch_save();
-    } else {
-      time_torch_save();
-      time_save();
-    }
+    run_round(turn, {time_save, time_torch_save});
     const auto time_load = [&] { load_s.push_back(seconds([&] { dcp::load(target, checkpoint); })); };
     const auto time_torch_load = [&] {
       std::vector<at::Tensor> loaded;
@@ -294,13 +292,7 @@ SmallEntriesBenchResult run_small_entries_bench(int64_t entries, int turns, cons
         throw Error("bench dcp: torch::load returned different tensors");
       }
     };
-    if (turn % 2 == 0) {
-      time_load();
-      time_torch_load();
-    } else {
-      time_torch_load();
-      time_load();
-    }
+    run_round(turn, {time_load, time_torch_load});
     if (!torch::equal(target.at(fmt::format("layers.{}.weight", entries - 1)).toTensor(), tensors.back())) {
       throw Error("bench dcp: dcp::load returned different tensors");
     }
