@@ -56,12 +56,6 @@ StepMeasurement measure_step(torch::nn::Sequential& model, const at::Tensor& inp
   return {seconds, memory::max_memory_allocated(device)};
 }
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
-
 }  // namespace
 
 const ActivationRun& ActivationBenchResult::sqrt_run() const {

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <string>
+#include <vector>
 
 namespace stowage::bench {
 
@@ -20,6 +21,9 @@ double seconds(Fn&& fn, c10::Device device = c10::kCPU) {
   synchronize(device);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
+
+// The median of `values` (the mean of the middle two for an even count); not empty.
+double median(std::vector<double> values);
 
 // The system temporary directory ($TMPDIR, else /tmp).
 std::string temp_directory();

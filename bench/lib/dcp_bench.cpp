@@ -48,14 +48,6 @@ double gbps(int64_t bytes, double seconds) {
 
 constexpr int kRounds = 7;
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
-
-// Runs the measurements kRounds times in turns: each round starts with the next one and
-// odd rounds run backwards, so that none always comes first or follows the same one
-// (two swap places every round).
 // Round `round` of take_turns: each measurement once, in an order that rotates with the
 // round and runs backwards in odd rounds.
 void run_round(int round, const std::vector<std::function<void()>>& measurements) {
@@ -64,6 +56,9 @@ void run_round(int round, const std::vector<std::function<void()>>& measurements
   for (size_t k = 0; k < n; ++k) measurements[(i % 2 == 0 ? i + k : i + n - k) % n]();
 }
 
+// Runs the measurements kRounds times in turns: each round starts with the next one and
+// odd rounds run backwards, so that none always comes first or follows the same one
+// (two swap places every round).
 void take_turns(const std::vector<std::function<void()>>& measurements) {
   for (int i = 0; i < kRounds; ++i) run_round(i, measurements);
 }

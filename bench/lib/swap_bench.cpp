@@ -16,11 +16,6 @@
 namespace stowage::bench {
 namespace {
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
-
 // Targets of issue 6: peak <= (2 / swap_times + 0.05) x plain state; step <= 1.5 x plain.
 double peak_limit(const SwapBenchResult& r, int64_t swap_times) {
   return (2.0 / static_cast<double>(swap_times) + 0.05) * static_cast<double>(r.plain_state_bytes);

@@ -79,8 +79,9 @@ json encode_value(const c10::IValue& value, const std::string& fqn) {
                        : type->kind() == c10::TypeKind::StringType ? "str"
                                                                    : "any";
     json items = json::array();
-    for (const c10::IValue element : list) {
-      items.push_back(encode_scalar(element, fqn));
+    // By index: the list's iterator yields proxies, which gcc 12 and 14 each warn about.
+    for (size_t i = 0; i < list.size(); ++i) {
+      items.push_back(encode_scalar(list.get(i), fqn));
     }
     return json{{"t", "list"}, {"elem", elem}, {"v", std::move(items)}};
   }

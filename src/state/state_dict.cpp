@@ -117,8 +117,9 @@ c10::IValue copy_structure(const c10::IValue& value) {
     const auto list = value.toList();
     c10::impl::GenericList copy(list.elementType());
     copy.reserve(list.size());
-    for (const c10::IValue element : list) {
-      copy.push_back(copy_structure(element));
+    // By index: the list's iterator yields proxies, which gcc 12 and 14 each warn about.
+    for (size_t i = 0; i < list.size(); ++i) {
+      copy.push_back(copy_structure(list.get(i)));
     }
     return copy;
   }

@@ -3,6 +3,8 @@
 
 #include <stowage/activation/checkpoint.h>
 
+#include "test_device.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -17,10 +19,6 @@ namespace {
 
 using ::testing::HasSubstr;
 using IValues = std::vector<c10::IValue>;
-
-c10::Device build_device() {
-  return torch::cuda::is_available() ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
-}
 
 torch::nn::Sequential linear_stack(int64_t width, int64_t depth) {
   torch::nn::Sequential stack;
@@ -70,8 +68,8 @@ TEST(Checkpoint, LinearStackOnTheBuildsDeviceEqualsPlainRunBitForBit) {
   // Seed 001: forward + backward through checkpoint on device tensors equals the plain run.
   torch::manual_seed(0);
   auto model = linear_stack(16, 3);
-  model->to(build_device());
-  const at::Tensor x = torch::randn({8, 16}, torch::TensorOptions().device(build_device())).requires_grad_();
+  model->to(testing::test_device());
+  const at::Tensor x = torch::randn({8, 16}, torch::TensorOptions().device(testing::test_device())).requires_grad_();
   std::vector<at::Tensor> leaves = model->parameters();
   leaves.push_back(x);
 

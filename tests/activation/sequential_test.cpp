@@ -4,6 +4,8 @@
 #include <stowage/activation/sequential.h>
 #include <stowage/memory/accounting.h>
 
+#include "test_device.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -16,17 +18,13 @@ namespace {
 
 using ::testing::HasSubstr;
 
-c10::Device build_device() {
-  return torch::cuda::is_available() ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
-}
-
 // The model of upstream's test_checkpoint: a 6-layer MLP.
 torch::nn::Sequential six_layer_mlp() {
   return torch::nn::Sequential(torch::nn::Linear(20, 50), torch::nn::ReLU(), torch::nn::Linear(50, 20),
                                torch::nn::ReLU(), torch::nn::Linear(20, 5), torch::nn::ReLU());
 }
 
-std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& tensors) {
+std::vector<at::Tensor> take_grads(const std::vector<at::Tensor>& tensors) {
   std::vector<at::Tensor> grads;
   for (const auto& t : tensors) {
     grads.push_back(t.grad().clone());
@@ -39,17 +37,17 @@ std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& tensors) {
 // plain model's, here bit for bit.
 template <typename Modules>
 void expect_equal_to_plain_run(torch::nn::Sequential model, const Modules& modules, int64_t segments) {
-  const at::Tensor x = torch::randn({1, 100, 20}, torch::TensorOptions().device(build_device())).requires_grad_();
+  const at::Tensor x = torch::randn({1, 100, 20}, torch::TensorOptions().device(testing::test_device())).requires_grad_();
   std::vector<at::Tensor> leaves = model->parameters();
   leaves.push_back(x);
 
   const at::Tensor plain = model->forward(x);
   plain.sum().backward();
-  const auto plain_grads = grads_of(leaves);
+  const auto plain_grads = take_grads(leaves);
 
   const at::Tensor checkpointed = checkpoint_sequential(modules, segments, x);
   checkpointed.sum().backward();
-  const auto checkpoint_grads = grads_of(leaves);
+  const auto checkpoint_grads = take_grads(leaves);
 
   EXPECT_TRUE(torch::equal(plain, checkpointed));
   ASSERT_EQ(plain_grads.size(), checkpoint_grads.size());
@@ -62,7 +60,7 @@ TEST(CheckpointSequential, LinearStackOnTheBuildsDeviceEqualsPlainRun) {
   // Seed 001: a device Linear stack with device inputs, forward + backward.
   torch::manual_seed(0);
   auto model = six_layer_mlp();
-  model->to(build_device());
+  model->to(testing::test_device());
   for (int64_t segments = 1; segments <= 6; ++segments) {
     SCOPED_TRACE("segments " + std::to_string(segments));
     expect_equal_to_plain_run(model, model, segments);

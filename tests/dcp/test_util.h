@@ -4,6 +4,8 @@
 
 #include <stowage/dcp/dcp.h>
 
+#include "test_device.h"
+
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -39,13 +41,7 @@ class ScratchDir {
   std::string path_;
 };
 
-// The device the tests run on: the build's accelerator if it has one, else the CPU.
-inline c10::Device test_device() {
-#if defined(STOWAGE_WITH_CUDA)
-  if (torch::cuda::is_available()) return c10::Device(c10::kCUDA, 0);
-#endif
-  return c10::Device(c10::kCPU);
-}
+using stowage::testing::test_device;
 
 inline std::vector<std::string> list_files(const std::string& dir) {
   std::vector<std::string> names;

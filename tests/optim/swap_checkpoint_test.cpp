@@ -20,10 +20,10 @@ using testing::clone_params;
 using testing::make_params;
 using testing::set_grads;
 
-const testing::Shapes kShapes = {{3000}, {40, 50}, {100}, {2048}, {64, 33}};
+const testing::Shapes kSavedShapes = {{3000}, {40, 50}, {100}, {2048}, {64, 33}};
 
-std::shared_ptr<torch::optim::Optimizer> adamw(const std::vector<torch::Tensor>& params) {
-  return std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-2).amsgrad(true));
+std::shared_ptr<torch::optim::Optimizer> amsgrad_adamw(const std::vector<torch::Tensor>& params) {
+  return testing::adamw(params, torch::optim::AdamWOptions(1e-2).amsgrad(true));
 }
 
 void train(const std::function<void()>& step, std::vector<torch::Tensor>& params, int from, int to) {
@@ -78,8 +78,8 @@ class SwapCheckpoint : public ::testing::TestWithParam<bool> {
 };
 
 TEST_P(SwapCheckpoint, RoundTripWithoutDeviceCopies) {
-  auto params = make_params(kShapes);
-  auto swap = swap_optimizer(adamw(params), config());
+  auto params = make_params(kSavedShapes);
+  auto swap = swap_optimizer(amsgrad_adamw(params), config());
   train([&] { swap->step(); }, params, 0, 3);
 
   const memory::CopyStats before_save = swap->copy_stats();
@@ -92,7 +92,7 @@ TEST_P(SwapCheckpoint, RoundTripWithoutDeviceCopies) {
   }
 
   auto restored_params = clone_params(params);
-  auto restored = swap_optimizer(adamw(restored_params), config());
+  auto restored = swap_optimizer(amsgrad_adamw(restored_params), config());
   restored->load_state_dict(saved);
   EXPECT_EQ(restored->copy_stats().h2d_copies, 0);
   EXPECT_EQ(restored->copy_stats().d2h_copies, 0);
@@ -113,12 +113,12 @@ TEST_P(SwapCheckpoint, RoundTripWithoutDeviceCopies) {
 }
 
 TEST_P(SwapCheckpoint, LoadsACheckpointOfThePlainOptimizer) {
-  auto plain_params = make_params(kShapes);
-  auto plain = adamw(plain_params);
+  auto plain_params = make_params(kSavedShapes);
+  auto plain = amsgrad_adamw(plain_params);
   train([&] { plain->step(); }, plain_params, 0, 3);
 
   auto swap_params = clone_params(plain_params);
-  auto swap = swap_optimizer(adamw(swap_params), config());
+  auto swap = swap_optimizer(amsgrad_adamw(swap_params), config());
   swap->load_state_dict(testing::plain_state_dict(plain));
   train([&] { plain->step(); }, plain_params, 3, 6);
   train([&] { swap->step(); }, swap_params, 3, 6);
@@ -127,12 +127,12 @@ TEST_P(SwapCheckpoint, LoadsACheckpointOfThePlainOptimizer) {
 }
 
 TEST_P(SwapCheckpoint, ThePlainOptimizerLoadsItsCheckpoint) {
-  auto swap_params = make_params(kShapes);
-  auto swap = swap_optimizer(adamw(swap_params), config());
+  auto swap_params = make_params(kSavedShapes);
+  auto swap = swap_optimizer(amsgrad_adamw(swap_params), config());
   train([&] { swap->step(); }, swap_params, 0, 3);
 
   auto plain_params = clone_params(swap_params);
-  auto plain = adamw(plain_params);
+  auto plain = amsgrad_adamw(plain_params);
   OptimizerState(plain).load_state_dict(swap->state_dict());
   train([&] { plain->step(); }, plain_params, 3, 6);
   train([&] { swap->step(); }, swap_params, 3, 6);
@@ -141,22 +141,22 @@ TEST_P(SwapCheckpoint, ThePlainOptimizerLoadsItsCheckpoint) {
 }
 
 TEST_P(SwapCheckpoint, CastsStatesToTheParameterDtypeOnLoad) {
-  auto params = make_params(kShapes);
-  auto swap = swap_optimizer(adamw(params), config());
+  auto params = make_params(kSavedShapes);
+  auto swap = swap_optimizer(amsgrad_adamw(params), config());
   train([&] { swap->step(); }, params, 0, 2);
   const StateDict saved = swap->state_dict();
   const StateDict as_double = converted(saved, torch::kDouble);
   // deep copies: `saved` aliases the live host buffers
   const StateDict expected = converted(saved, torch::kFloat);
 
-  auto other = swap_optimizer(adamw(clone_params(params)), config());
+  auto other = swap_optimizer(amsgrad_adamw(clone_params(params)), config());
   other->load_state_dict(as_double);
   testing::expect_state_dicts_equal(expected, other->state_dict());
 }
 
 TEST_P(SwapCheckpoint, ABadCheckpointIsRejectedAndChangesNothing) {
-  auto params = make_params(kShapes);
-  auto swap = swap_optimizer(adamw(params), config());
+  auto params = make_params(kSavedShapes);
+  auto swap = swap_optimizer(amsgrad_adamw(params), config());
   train([&] { swap->step(); }, params, 0, 2);
   const StateDict before = converted(swap->state_dict(), torch::kFloat);
 
@@ -187,7 +187,7 @@ TEST_P(SwapCheckpoint, ABadCheckpointIsRejectedAndChangesNothing) {
 }
 
 TEST_P(SwapCheckpoint, ADcpLoadWithOtherParamGroupsFailsBeforeAnythingChanges) {
-  auto params = make_params(kShapes);
+  auto params = make_params(kSavedShapes);
   auto swap = swap_optimizer(adamw_in_groups(params, {2, 3}), config());
   train([&] { swap->step(); }, params, 0, 2);
   const char* base = std::getenv("TMPDIR");
@@ -196,7 +196,7 @@ TEST_P(SwapCheckpoint, ADcpLoadWithOtherParamGroupsFailsBeforeAnythingChanges) {
   dcp::save(checkpoint_state(params, swap, 3), dir);
 
   for (const std::vector<size_t>& groups : {std::vector<size_t>{5}, std::vector<size_t>{3, 2}}) {
-    auto fresh_params = make_params(kShapes, torch::kFloat, /*seed=*/11);
+    auto fresh_params = make_params(kSavedShapes, torch::kFloat, /*seed=*/11);
     const auto before = clone_params(fresh_params);
     auto fresh = swap_optimizer(adamw_in_groups(fresh_params, groups), config());
     StateDict target = checkpoint_state(fresh_params, fresh, 0);
@@ -219,7 +219,7 @@ INSTANTIATE_TEST_SUITE_P(Modes, SwapCheckpoint, ::testing::Bool(),
 
 TEST(SwapCheckpointMasters, MasterWeightsRoundTripAndComeFromTheParameterWhenAbsent) {
   const SwapOptimizerConfig config = SwapOptimizerConfig().swap_times(2).include_master_params(true);
-  auto params = make_params(kShapes, torch::kBFloat16);
+  auto params = make_params(kSavedShapes, torch::kBFloat16);
   auto swap = swap_optimizer(std::make_shared<MasterAdamW>(params), config);
   train([&] { swap->step(); }, params, 0, 3);
   const StateDict saved = swap->state_dict();

@@ -25,26 +25,26 @@ using memory::CopyLane;
 using testing::clone_params;
 using testing::expect_params_equal;
 using testing::expect_state_dicts_equal;
+using testing::kSwappedNumel;
 using testing::make_params;
 using testing::plain_state_dict;
 using testing::set_grads;
 
-constexpr int64_t kNumel = 2048;  // above min_numel: swapped
 constexpr size_t kParams = 8;
 constexpr int64_t kSwapTimes = 4;  // equal sizes: batch b holds parameters 2b and 2b + 1
 constexpr size_t kPerBatch = kParams / kSwapTimes;
 constexpr int kStepsBefore = 2;
 
-std::shared_ptr<torch::optim::AdamW> adamw(const std::vector<torch::Tensor>& params) {
-  return std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+std::shared_ptr<torch::optim::AdamW> decaying_adamw(const std::vector<torch::Tensor>& params) {
+  return testing::adamw(params, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
 }
 
 // A swap optimizer and a plain AdamW that have taken the same steps.
 struct Pair {
   explicit Pair(bool packed)
-      : params(make_params(testing::Shapes(kParams, {kNumel}))), plain_params(clone_params(params)) {
-    swap = swap_optimizer(adamw(params), SwapOptimizerConfig().swap_times(kSwapTimes).packed_swap(packed));
-    plain = adamw(plain_params);
+      : params(make_params(testing::Shapes(kParams, {kSwappedNumel}))), plain_params(clone_params(params)) {
+    swap = swap_optimizer(decaying_adamw(params), SwapOptimizerConfig().swap_times(kSwapTimes).packed_swap(packed));
+    plain = decaying_adamw(plain_params);
     for (int step = 0; step < kStepsBefore; ++step) this->step(step);
   }
   void step(int step) {
@@ -181,7 +181,7 @@ TEST_P(SwapFaults, StatesThatCannotBeDownloadedStayOnTheDeviceUntilTheNextStep) 
   const Outcome outcome = failing_step(pair, kStepsBefore);
   EXPECT_THAT(outcome.message, HasSubstr("could not be downloaded and stay on the device"));
   // Batches 1 and 2 (updated; batch 3's upload waited for batch 1's download).
-  EXPECT_EQ(outcome.leaked_bytes, 2 * kPerBatch * 2 * kNumel * 4);
+  EXPECT_EQ(outcome.leaked_bytes, 2 * kPerBatch * 2 * kSwappedNumel * 4);
   const std::vector<size_t> updated = first_params(3 * kPerBatch);
   EXPECT_EQ(pair.stepped_to(kStepsBefore + 1), updated);
   expect_consistent_after(pair, kStepsBefore, updated, outcome);  // the next step moves them to the host
@@ -207,7 +207,7 @@ TEST_P(SwapFaults, AnUpdateThatThrowsLeavesItsParameterAndTheRestUnchanged) {
 
 TEST_P(SwapFaults, AMismatchedGradientIsRejectedBeforeAnythingChanges) {
   Pair pair(packed());
-  for (const auto& bad : {torch::randn({kNumel}, torch::kDouble), torch::randn({kNumel / 2})}) {
+  for (const auto& bad : {torch::randn({kSwappedNumel}, torch::kDouble), torch::randn({kSwappedNumel / 2})}) {
     set_grads(pair.params, kStepsBefore);
     pair.params[5].mutable_grad() = bad;
     const memory::CopyStats copies = pair.swap->copy_stats();
@@ -242,9 +242,9 @@ TEST_P(SwapFaults, AnUpdateFailingWithAC10ErrorIsReportedWithoutLibTorchsBacktra
 TEST_P(SwapFaults, AParameterListedTwiceAfterWrappingIsRejectedBeforeAnythingChanges) {
   {
     SCOPED_TRACE("through add_param_group before the first step");
-    auto params = make_params(testing::Shapes(kParams, {kNumel}));
+    auto params = make_params(testing::Shapes(kParams, {kSwappedNumel}));
     auto plain_params = clone_params(params);
-    auto swap = swap_optimizer(adamw(params), SwapOptimizerConfig().swap_times(kSwapTimes).packed_swap(packed()));
+    auto swap = swap_optimizer(decaying_adamw(params), SwapOptimizerConfig().swap_times(kSwapTimes).packed_swap(packed()));
     swap->optimizer().add_param_group(torch::optim::OptimizerParamGroup({params[3]}));
     set_grads(params, 0);
     try {
@@ -256,7 +256,7 @@ TEST_P(SwapFaults, AParameterListedTwiceAfterWrappingIsRejectedBeforeAnythingCha
     EXPECT_TRUE(swap->optimizer().state().empty());
     expect_params_equal(plain_params, params);
     swap->param_groups().pop_back();
-    auto plain = adamw(plain_params);
+    auto plain = decaying_adamw(plain_params);
     set_grads(plain_params, 0);
     swap->step();
     plain->step();
@@ -284,10 +284,10 @@ TEST_P(SwapFaults, AParameterListedTwiceAfterWrappingIsRejectedBeforeAnythingCha
 TEST_P(SwapFaults, AParameterOnAnotherDeviceAddedAfterWrappingIsRejectedBeforeAnythingChanges) {
   Pair pair(packed());
   const auto meta = torch::TensorOptions().device(c10::kMeta);
-  torch::Tensor elsewhere = torch::zeros({kNumel}, meta).requires_grad_();
+  torch::Tensor elsewhere = torch::zeros({kSwappedNumel}, meta).requires_grad_();
   pair.swap->optimizer().add_param_group(torch::optim::OptimizerParamGroup({elsewhere}));
   set_grads(pair.params, kStepsBefore);
-  elsewhere.mutable_grad() = torch::ones({kNumel}, meta);
+  elsewhere.mutable_grad() = torch::ones({kSwappedNumel}, meta);
   try {
     pair.swap->step();
     ADD_FAILURE() << "step() did not throw";
@@ -302,7 +302,7 @@ TEST_P(SwapFaults, AParameterOnAnotherDeviceAddedAfterWrappingIsRejectedBeforeAn
 }
 
 TEST_P(SwapFaults, AmsgradTurnedOffWhenItsStateIsToBeSwappedIsRejectedAtStep) {
-  auto params = make_params(testing::Shapes(kParams, {kNumel}));
+  auto params = make_params(testing::Shapes(kParams, {kSwappedNumel}));
   auto inner = std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-2).amsgrad(true));
   auto swap = swap_optimizer(inner, SwapOptimizerConfig().state_keys({"max_exp_avg_sq"}).packed_swap(packed()));
   static_cast<torch::optim::AdamWOptions&>(swap->param_groups()[0].options()).amsgrad(false);

@@ -12,7 +12,7 @@ using testing::set_grads;
 
 // Mixed sizes: {100} and {10} are below min_numel and stay on the device; parameter 2
 // has no gradient on steps 3 to 5, parameter 5 only on even steps, parameter 6 never.
-const testing::Shapes kShapes = {{3000}, {40, 50}, {100}, {2048}, {64, 33}, {10}, {1500}};
+const testing::Shapes kMixedShapes = {{3000}, {40, 50}, {100}, {2048}, {64, 33}, {10}, {1500}};
 
 bool has_grad(size_t i, int step) {
   if (i == 2) return step < 3 || step > 5;
@@ -101,7 +101,7 @@ class SwapNumerics : public ::testing::TestWithParam<std::tuple<Case, bool>> {};
 
 TEST_P(SwapNumerics, TenStepsMatchTheUnwrappedOptimizerBitForBit) {
   const auto& [c, packed] = GetParam();
-  auto plain_params = make_params(kShapes, c.dtype);
+  auto plain_params = make_params(kMixedShapes, c.dtype);
   auto swap_params = clone_params(plain_params);
   auto plain = c.make(plain_params);
   auto wrapped = c.make(swap_params);
@@ -121,7 +121,7 @@ TEST_P(SwapNumerics, TenStepsMatchTheUnwrappedOptimizerBitForBit) {
   // The masters make a difference for bf16: a plain bf16 AdamW would have rounded away
   // updates, so this also checks that the masters were used.
   if (c.dtype == torch::kBFloat16) {
-    auto bf16_params = make_params(kShapes, c.dtype);
+    auto bf16_params = make_params(kMixedShapes, c.dtype);
     torch::optim::AdamW bf16(bf16_params, torch::optim::AdamWOptions(1e-2));
     for (int step = 0; step < 10; ++step) {
       set_grads(bf16_params, step, has_grad);

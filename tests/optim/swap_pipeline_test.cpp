@@ -12,17 +12,14 @@
 namespace stowage::optim {
 namespace {
 
+using testing::adamw;
 using testing::clone_params;
+using testing::kSwappedNumel;
 using testing::make_params;
 using testing::set_grads;
 
-constexpr int64_t kNumel = 2048;                 // above min_numel: swapped
-constexpr int64_t kStateBytes = kNumel * 4;      // one fp32 state tensor
-const testing::Shapes kEight(8, std::vector<int64_t>{kNumel});
-
-std::shared_ptr<torch::optim::AdamW> adamw(const std::vector<torch::Tensor>& params) {
-  return std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-2));
-}
+constexpr int64_t kStateBytes = kSwappedNumel * 4;  // one fp32 state tensor
+const testing::Shapes kEight(8, std::vector<int64_t>{kSwappedNumel});
 
 class SwapPipeline : public ::testing::TestWithParam<bool> {
  protected:
@@ -49,7 +46,7 @@ TEST_P(SwapPipeline, CopiesEachBatchOnceEachWayPerStep) {
 }
 
 TEST_P(SwapPipeline, OneCopyPerDtypePerBatchWhenDtypesMix) {
-  std::vector<torch::Tensor> params = make_params({{kNumel}, {kNumel}, {kNumel}, {kNumel}});
+  std::vector<torch::Tensor> params = make_params({{kSwappedNumel}, {kSwappedNumel}, {kSwappedNumel}, {kSwappedNumel}});
   for (size_t i = 1; i < params.size(); i += 2) params[i] = params[i].detach().to(torch::kDouble).requires_grad_();
   auto plain_params = clone_params(params);
   auto swap = swap_optimizer(std::make_shared<torch::optim::Adam>(params), config(2));
@@ -69,7 +66,7 @@ TEST_P(SwapPipeline, OneCopyPerDtypePerBatchWhenDtypesMix) {
 
 TEST_P(SwapPipeline, BetweenStepsOnlyUnswappedStatesUseDeviceMemory) {
   memory::enable_accounting();
-  auto params = make_params({{kNumel}, {kNumel}, {kNumel}, {kNumel}, {kNumel}, {kNumel}, {100}});
+  auto params = make_params({{kSwappedNumel}, {kSwappedNumel}, {kSwappedNumel}, {kSwappedNumel}, {kSwappedNumel}, {kSwappedNumel}, {100}});
   set_grads(params, 0);
   const int64_t model_bytes = memory::memory_allocated();
   const int64_t host_before = memory::host_buffer_stats().current_bytes;
@@ -168,10 +165,10 @@ TEST(SwapOptimizerErrors, AClosureIsRejected) {
 }
 
 TEST(SwapOptimizerErrors, SparseGradientsAreRejectedBeforeAnyChange) {
-  auto params = make_params({{kNumel}, {kNumel}});
+  auto params = make_params({{kSwappedNumel}, {kSwappedNumel}});
   auto swap = swap_optimizer(adamw(params));
   set_grads(params, 0);
-  params[1].mutable_grad() = torch::zeros({kNumel}).to_sparse();
+  params[1].mutable_grad() = torch::zeros({kSwappedNumel}).to_sparse();
   const auto before = params[0].detach().clone();
   expect_invalid([&] { swap->step(); }, "parameter 1 of param group 0 has a sparse gradient");
   EXPECT_TRUE(torch::equal(params[0], before));

@@ -11,11 +11,22 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <memory>
 #include <vector>
 
 namespace stowage::optim::testing {
 
 using Shapes = std::vector<std::vector<int64_t>>;
+
+// Above SwapOptimizerConfig's default min_numel: a parameter of this many elements is swapped.
+constexpr int64_t kSwappedNumel = 2048;
+
+// A plain AdamW over `params`, learning rate 1e-2 unless `options` says otherwise.
+inline std::shared_ptr<torch::optim::AdamW> adamw(
+    const std::vector<torch::Tensor>& params,
+    const torch::optim::AdamWOptions& options = torch::optim::AdamWOptions(1e-2)) {
+  return std::make_shared<torch::optim::AdamW>(params, options);
+}
 
 inline std::vector<torch::Tensor> make_params(const Shapes& shapes, torch::Dtype dtype = torch::kFloat,
                                               uint64_t seed = 7) {
