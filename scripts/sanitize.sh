@@ -38,14 +38,15 @@ export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/t
 export STOWAGE_CRASH_TRIALS=${STOWAGE_CRASH_TRIALS:-8}
 # The multi-process dcp tests start their ranks through the stowage tool, which this
 # build leaves out (it needs every module); the normal suite runs them. Under TSan the
-# in-process gloo group tests (DcpProcessGroup.*, and DcpErrorMessages.*, a one-rank
-# group's failing save) are left out too: ProcessGroupGloo's worker threads hand
+# in-process gloo group tests (a group of one: DcpGroupOfOne.*, DcpErrorMessages.*;
+# ranks as threads: DcpCheckpointManager.TwoRanks*, and ZeroSteps and ZeroResume of
+# optim) are left out too: ProcessGroupGloo's worker threads hand
 # work and tensors back through LibTorch's uninstrumented atomic reference counts, so
 # TSan sees their frees and condition-variable teardown race with our reads
 # (docs/reliability.md, "Sanitizer notes"); most of those reports' LibTorch frames are
 # unsymbolised, so no suppression could name them without hiding all of libtorch_cpu.
 if [ "$sanitizers" = thread ]; then
-  export GTEST_FILTER=${GTEST_FILTER:--DcpDistributed.*:DcpProcessGroup.*:DcpErrorMessages.*}
+  export GTEST_FILTER=${GTEST_FILTER:--DcpDistributed.*:DcpGroupOfOne.*:DcpErrorMessages.*:DcpCheckpointManager.TwoRanks*:*ZeroSteps.*:ZeroResume.*}
 else
   export GTEST_FILTER=${GTEST_FILTER:--DcpDistributed.*}
 fi

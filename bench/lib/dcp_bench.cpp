@@ -228,7 +228,7 @@ DcpBenchResult run_dcp_bench(const DcpBenchOptions& options) {
 }
 
 double run_dcp_rank_save_bench(const DcpBenchOptions& options, const std::string& checkpoint_dir,
-                               const dcp::ProcessGroup& group) {
+                               const dist::ProcessGroup& group) {
   const int64_t ranks = group.size();
   const int64_t cols = 1024;
   const int64_t rows_per_rank = std::max<int64_t>(1, options.size_mib * (int64_t(1) << 20) / 4 / cols / options.tensors / ranks);

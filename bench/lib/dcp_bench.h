@@ -4,7 +4,7 @@
 // this machine (memcpy, a raw sequential write) and against torch::save/torch::load,
 // all measured in the same run.
 
-#include <stowage/dcp/process_group.h>
+#include <stowage/dist/process_group.h>
 
 #include <c10/core/Device.h>
 #include <nlohmann/json.hpp>
@@ -46,7 +46,7 @@ DcpBenchResult run_dcp_bench(const DcpBenchOptions& options);
 // all, split evenly over the ranks) into `checkpoint_dir`, sync_files on. Returns the
 // aggregate GB/s (all bytes over the slowest rank's time, best of 3), on every rank.
 double run_dcp_rank_save_bench(const DcpBenchOptions& options, const std::string& checkpoint_dir,
-                               const dcp::ProcessGroup& group);
+                               const dist::ProcessGroup& group);
 
 nlohmann::json to_json(const DcpBenchResult& result);
 // Human-readable lines, with each target and whether it is met.

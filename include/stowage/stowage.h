@@ -7,6 +7,8 @@
 #include <stowage/activation/tensor_like.h>
 #include <stowage/build_info.h>
 #include <stowage/dcp/dcp.h>
+#include <stowage/dist/gradient_reducer.h>
+#include <stowage/dist/process_group.h>
 #include <stowage/error.h>
 #include <stowage/memory/accounting.h>
 #include <stowage/memory/copy_engine.h>
@@ -15,6 +17,7 @@
 #include <stowage/optim/partition.h>
 #include <stowage/optim/swap_config.h>
 #include <stowage/optim/swap_optimizer.h>
+#include <stowage/optim/zero_redundancy_optimizer.h>
 #include <stowage/state/copy.h>
 #include <stowage/state/destination.h>
 #include <stowage/state/optimizer_layout.h>

@@ -15,6 +15,8 @@
 #include <chrono>
 #include <utility>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <functional>
 #include <unordered_map>
@@ -33,7 +35,7 @@ class PendingSaveAccess {
   // holds for a stager that reuses its buffers (AsyncStager::reuses_buffers()): the save
   // writing its previous snapshot, on any writer, is waited for or rejected.
   static void make_room(StorageWriter& writer, AsyncStager& stager, PendingSave policy,
-                        const std::optional<ProcessGroup>& group);
+                        const std::optional<dist::ProcessGroup>& group);
   static void set(StorageWriter& writer, AsyncStager& stager, std::thread thread,
                   const std::shared_future<Metadata>& upload) {
     if (stager.reuses_buffers()) stager.latest_save_ = upload;
@@ -81,7 +83,7 @@ namespace {
 
 // The failures to report for a collective that failed: the ranks that did not check in
 // afterwards, or else this rank, with the group's account of it.
-std::map<int64_t, std::string> collective_failures(const CollectiveError& error, int64_t rank) {
+std::map<int64_t, std::string> collective_failures(const dist::CollectiveError& error, int64_t rank) {
   std::map<int64_t, std::string> failures;
   for (const int64_t missing : error.unresponsive_ranks()) {
     failures[missing] = fmt::format("dead or unresponsive: {}", error.what());
@@ -90,11 +92,11 @@ std::map<int64_t, std::string> collective_failures(const CollectiveError& error,
   return failures;
 }
 
-// Rethrows the exception in flight, a CollectiveError as a CheckpointError of `step`.
+// Rethrows the exception in flight, a dist::CollectiveError as a CheckpointError of `step`.
 [[noreturn]] void rethrow_as_checkpoint_error(const char* step, int64_t rank) {
   try {
     throw;
-  } catch (const CollectiveError& e) {
+  } catch (const dist::CollectiveError& e) {
     throw CheckpointError(step, collective_failures(e, rank));
   }
 }
@@ -102,7 +104,7 @@ std::map<int64_t, std::string> collective_failures(const CollectiveError& error,
 }  // namespace
 
 void PendingSaveAccess::make_room(StorageWriter& writer, AsyncStager& stager, PendingSave policy,
-                                  const std::optional<ProcessGroup>& group) {
+                                  const std::optional<dist::ProcessGroup>& group) {
   std::string rejected;  // why this rank rejects, if it does
   if (policy == PendingSave::kReject) {
     if (writer.has_pending_save()) {
@@ -245,7 +247,7 @@ std::string accept(const std::string& verdict, const char* step) {
 // The save steps of one rank of `group`. `prepare` makes the rank's local save; its
 // errors count as the rank's failure in the plan step.
 Metadata run_distributed_save(const std::function<LocalSave()>& prepare, StorageWriter& writer,
-                              const ProcessGroup& group) {
+                              const dist::ProcessGroup& group) {
   constexpr int64_t kCoordinator = 0;
   const int64_t rank = group.rank();
   const bool coordinator = rank == kCoordinator;
@@ -331,7 +333,7 @@ Metadata run_distributed_save(const std::function<LocalSave()>& prepare, Storage
 }
 
 Metadata run_save(const std::function<LocalSave()>& prepare, StorageWriter& writer,
-                  const std::optional<ProcessGroup>& group) {
+                  const std::optional<dist::ProcessGroup>& group) {
   if (group) return run_distributed_save(prepare, writer, *group);
   return run_local_save(prepare(), writer);
 }
@@ -346,7 +348,7 @@ LocalSave plan_snapshot(StateDict snapshot, const std::unordered_map<std::string
 
 }  // namespace
 
-Metadata save(const StateDict& state, StorageWriter& writer, std::optional<ProcessGroup> group) {
+Metadata save(const StateDict& state, StorageWriter& writer, std::optional<dist::ProcessGroup> group) {
   writer.wait_for_pending_save();
   const int64_t rank = group ? group->rank() : 0;
   return run_save([&] { return plan_local_save(unshard_state_dict(resolve_stateful(state)), rank); }, writer, group);
@@ -385,7 +387,7 @@ class UnavailableReader final : public StorageReader {
 
 }  // namespace
 
-Metadata save(const StateDict& state, const std::string& checkpoint_dir, std::optional<ProcessGroup> group) {
+Metadata save(const StateDict& state, const std::string& checkpoint_dir, std::optional<dist::ProcessGroup> group) {
   std::optional<FileSystemWriter> writer;
   try {
     writer.emplace(checkpoint_dir);
@@ -397,8 +399,38 @@ Metadata save(const StateDict& state, const std::string& checkpoint_dir, std::op
   return save(state, *writer, std::move(group));
 }
 
+namespace {
+
+// Where a group's background saves run: a group of the same ranks of their own, so that
+// their collectives never interleave with the caller's, and the completion of the save
+// started last, which the next one waits for before its first collective. Taking turns
+// on the caller's thread runs the saves in the order the ranks started them, the same on
+// every rank.
+struct AsyncSaveLane {
+  explicit AsyncSaveLane(dist::ProcessGroup save_group) : group(std::move(save_group)) {}
+
+  // Records `done` as the last save's completion; returns the one before it (invalid
+  // if none).
+  std::shared_future<void> take_turn(std::shared_future<void> done) {
+    std::lock_guard<std::mutex> lock(mutex);
+    return std::exchange(last_turn, std::move(done));
+  }
+
+  const dist::ProcessGroup group;
+  std::mutex mutex;  // guards last_turn
+  std::shared_future<void> last_turn;
+};
+
+// The lane of `group`, made on its first async_save (collective: new_group).
+std::shared_ptr<AsyncSaveLane> async_save_lane(const dist::ProcessGroup& group) {
+  return std::static_pointer_cast<AsyncSaveLane>(group.attachment(
+      "dcp.async_save", [&group] { return std::make_shared<AsyncSaveLane>(group.new_group("async_save")); }));
+}
+
+}  // namespace
+
 AsyncSaveResponse async_save(const StateDict& state, StorageWriter& writer, AsyncStager* stager,
-                             AsyncSaveOptions options, std::optional<ProcessGroup> group) {
+                             AsyncSaveOptions options, std::optional<dist::ProcessGroup> group) {
   BlockingAsyncStager fallback;  // uncached: nothing to wait for
   AsyncStager* chosen = stager;
   if (chosen == nullptr) chosen = dynamic_cast<AsyncStager*>(&writer);
@@ -429,11 +461,12 @@ AsyncSaveResponse async_save(const StateDict& state, StorageWriter& writer, Asyn
     early_error = std::current_exception();
   }
 
-  std::optional<ProcessGroup> save_group;
+  std::optional<dist::ProcessGroup> save_group;
   std::shared_future<void> previous_save;
   if (group) {
-    save_group = group->async_save_group();
-    previous_save = save_group->take_turn(
+    const std::shared_ptr<AsyncSaveLane> lane = async_save_lane(*group);
+    save_group = lane->group;
+    previous_save = lane->take_turn(
         std::async(std::launch::deferred, [upload = response.upload_completion] { upload.wait(); }).share());
   }
   const int64_t rank = group ? group->rank() : 0;
@@ -746,9 +779,10 @@ class LoadPlanner {
       require_partial(entry.fqn);
       load.entries.push_back(entry);
     }
-    // Entries the object does not have yet: materialised on the CPU as saved.
+    // Entries the object does not have yet and needs: materialised on the CPU as saved.
     for (const EntryMetadata* saved : saved_under_key) {
       if (current.contains(saved->fqn)) continue;
+      if (!object->needs_saved_entry(ObjectPath(saved->path.begin() + 1, saved->path.end()))) continue;
       if (saved->kind == EntryKind::kTensor) {
         at::Tensor tensor = at::empty(saved->shape, at::TensorOptions().dtype(saved->dtype));
         fills_.push_back(TensorFill{saved, tensor, whole_box(saved->shape)});
@@ -800,7 +834,7 @@ class LoadPlanner {
 
 }  // namespace
 
-void load(StateDict& state, StorageReader& reader, LoadOptions options, std::optional<ProcessGroup> group) {
+void load(StateDict& state, StorageReader& reader, LoadOptions options, std::optional<dist::ProcessGroup> group) {
   Metadata metadata;
   std::optional<LoadPlanner> planner;
   const auto prepare = [&] {
@@ -842,7 +876,7 @@ void load(StateDict& state, StorageReader& reader, LoadOptions options, std::opt
   planner->apply(state, reader);
 }
 
-void load(StateDict& state, const std::string& checkpoint_dir, LoadOptions options, std::optional<ProcessGroup> group) {
+void load(StateDict& state, const std::string& checkpoint_dir, LoadOptions options, std::optional<dist::ProcessGroup> group) {
   std::optional<FileSystemReader> reader;
   try {
     reader.emplace(checkpoint_dir);

@@ -5,10 +5,18 @@
 
 #include <fmt/format.h>
 
+#include <optional>
+
 namespace stowage {
 
 c10::impl::GenericDict new_layout_dict() {
   return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
+}
+
+std::optional<int64_t> parse_param_id(const std::string& key) {
+  // Digits only, and few enough that the value fits: no sign, space or other spelling.
+  if (key.empty() || key.size() > 18 || key.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  return std::stoll(key);
 }
 
 c10::IValue require_entry(const c10::impl::GenericDict& dict, const std::string& key, const std::string& where) {
@@ -85,14 +93,9 @@ OptimizerLayout read_optimizer_layout(const StateDict& state, torch::optim::Opti
   for (const auto& item : per_param) {
     const std::string id = item.key().toStringRef();
     std::string entry_where = fmt::format("{}: state.{}", where, id);
-    size_t param = 0;
-    try {
-      size_t used = 0;
-      param = std::stoull(id, &used);
-      if (used != id.size()) throw std::invalid_argument(id);
-    } catch (const std::exception&) {
-      throw InvalidArgument(entry_where + ": the key is not a parameter id");
-    }
+    const std::optional<int64_t> parsed = parse_param_id(id);
+    if (!parsed) throw InvalidArgument(entry_where + ": the key is not a parameter id");
+    const auto param = static_cast<size_t>(*parsed);
     if (param >= layout.params.size()) {
       throw InvalidArgument(fmt::format("{}: there are only {} parameters", entry_where, layout.params.size()));
     }

@@ -152,6 +152,10 @@ const OptimizerKind& kind_of(const torch::optim::Optimizer& optimizer) {
 
 void Stateful::check_load_state_dict(const StateDict&) {}
 
+bool Stateful::needs_saved_entry(const ObjectPath&) const {
+  return true;
+}
+
 c10::IValue as_ivalue(c10::intrusive_ptr<Stateful> object) {
   if (!object) {
     throw InvalidArgument("as_ivalue: null Stateful");

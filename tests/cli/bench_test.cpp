@@ -1,5 +1,5 @@
-// `stowage bench dcp`: the JSON object the checkpoint-engine issue specifies, from a real
-// (small) run; no figure is judged here, benchmarks are not timed tests.
+// `stowage bench dcp` and `bench grad-sync`: the JSON objects their issues specify, from
+// real (small) runs; no figure is judged here, benchmarks are not timed tests.
 
 #include "cli/cli_util.h"
 
@@ -60,6 +60,23 @@ TEST(BenchDcp, DeviceStagingJsonHasEveryFigure) {
   }
   EXPECT_TRUE(fs::is_empty(dir)) << "the benchmark left files in " << dir;
   fs::remove_all(dir);
+}
+
+TEST(BenchGradSync, JsonHasEveryFigureOfTwoRanks) {
+  const auto result = run_command(stowage_binary() +
+                                  " bench grad-sync --nproc 2 --blocks 4 --width 64 --batch 8 --steps 2 "
+                                  "--bucket-cap-mb 0.02 --json");
+  ASSERT_EQ(result.status, 0) << result.output;
+  const std::string last = last_json_line(result.output);
+  const nlohmann::json figures = nlohmann::json::parse(last);
+  EXPECT_EQ(figures["ranks"].get<int>(), 2);
+  EXPECT_EQ(figures["gradient_bytes"].get<int64_t>(), 4 * (64 * 64 + 64) * 4);
+  EXPECT_EQ(figures["buckets"].get<int64_t>(), 4);  // 4 Linear(64)s of 16.25 KiB, in buckets of up to 20 KiB
+  for (const char* key : {"compute_step_s", "after_backward_step_s", "overlap_step_s", "overlap_speedup"}) {
+    ASSERT_TRUE(figures.contains(key)) << key << " missing from " << last;
+    EXPECT_GT(figures[key].get<double>(), 0) << key;
+  }
+  EXPECT_TRUE(figures.contains("hidden_fraction")) << last;
 }
 
 }  // namespace

@@ -26,6 +26,7 @@
 //
 // Exit status 0 when every check held; 1 with a message otherwise.
 #include <stowage/dcp/dcp.h>
+#include <stowage/dist/process_group.h>
 #include <stowage/error.h>
 #include <stowage/state/stateful.h>
 
@@ -47,6 +48,7 @@
 #include <unistd.h>
 
 namespace dcp = stowage::dcp;
+namespace dist = stowage::dist;
 
 namespace {
 
@@ -166,12 +168,12 @@ double generation_of(const std::string& dir) {
   return static_cast<double>(std::hash<std::string>{}(dir) % 97);
 }
 
-void save_command(const dcp::ProcessGroup& group, const std::string& dir) {
+void save_command(const dist::ProcessGroup& group, const std::string& dir) {
   const dcp::Metadata metadata = dcp::save(make_state(generation_of(dir), true), dir, group);
   check_metadata(metadata);
 }
 
-void load_command(const dcp::ProcessGroup& group, const std::string& dir) {
+void load_command(const dist::ProcessGroup& group, const std::string& dir) {
   stowage::StateDict state = make_state(generation_of(dir), false);
   dcp::load(state, dir, {}, group);
   check_state(state, generation_of(dir));
@@ -188,7 +190,7 @@ void load_command(const dcp::ProcessGroup& group, const std::string& dir) {
   if (g_world > 1) REQUIRE(reader.bytes_read() < 256 * 1024 * 4, "read the whole of 'big' ({} bytes)", reader.bytes_read());
 }
 
-void async_command(const dcp::ProcessGroup& group, const std::string& dir) {
+void async_command(const dist::ProcessGroup& group, const std::string& dir) {
   dcp::FileSystemWriter writer(dir);
   stowage::StateDict first = make_state(1, true);
   stowage::StateDict second = make_state(2, true);
@@ -244,7 +246,7 @@ stowage::StateDict random_sharding(const std::vector<torch::Tensor>& globals, st
   return state;
 }
 
-void empty_command(const dcp::ProcessGroup& group, const std::string& dir) {
+void empty_command(const dist::ProcessGroup& group, const std::string& dir) {
   // Rank 0 holds all 97 elements, every other rank an empty shard at offset 0; then
   // loaded the other way round, the last rank holding all of it.
   const torch::Tensor t = torch::arange(97, torch::kFloat);
@@ -303,7 +305,7 @@ class FailingWriter : public dcp::FileSystemWriter {
   int64_t culprit_;
 };
 
-void fail_command(const dcp::ProcessGroup& group, const std::string& dir) {
+void fail_command(const dist::ProcessGroup& group, const std::string& dir) {
   dcp::save(make_state(1, true), dir, group);
   FailingWriter failing(dir, /*die=*/false);
   try {
@@ -332,7 +334,7 @@ void fail_command(const dcp::ProcessGroup& group, const std::string& dir) {
   }
 }
 
-void die_command(const dcp::ProcessGroup& group, const std::string& dir, int64_t dying_rank) {
+void die_command(const dist::ProcessGroup& group, const std::string& dir, int64_t dying_rank) {
   dcp::save(make_state(1, true), dir, group);
   FailingWriter dying(dir, /*die=*/true, dying_rank);
   const auto start = std::chrono::steady_clock::now();
@@ -350,7 +352,7 @@ void die_command(const dcp::ProcessGroup& group, const std::string& dir, int64_t
   try {
     group.barrier();
     REQUIRE(false, "a barrier succeeded on a group that lost rank {}", dying_rank);
-  } catch (const dcp::CollectiveError& e) {
+  } catch (const dist::CollectiveError& e) {
     REQUIRE(std::string(e.what()).find("failed in an earlier collective") != std::string::npos, "{}", e.what());
     REQUIRE(std::count(e.unresponsive_ranks().begin(), e.unresponsive_ranks().end(), dying_rank) == 1, "{}", e.what());
   }
@@ -366,7 +368,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 // naming rank 1 with `cause`, long before the group's timeout: no rank waited for one
 // that had given up.
 template <typename Operation>
-void expect_rank1_failure(const dcp::ProcessGroup& group, const char* what, const std::string& step,
+void expect_rank1_failure(const dist::ProcessGroup& group, const char* what, const std::string& step,
                           const std::string& cause, Operation&& operation) {
   const auto start = std::chrono::steady_clock::now();
   try {
@@ -393,7 +395,7 @@ stowage::StateDict with_rank1_entry(stowage::StateDict state, const std::string&
   return state;
 }
 
-void early_command(const dcp::ProcessGroup& group, const std::string& dir) {
+void early_command(const dist::ProcessGroup& group, const std::string& dir) {
   REQUIRE(g_world == 2, "early needs 2 ranks");
   dcp::save(make_state(1, true), dir, group);
   const c10::IValue throwing = stowage::as_ivalue(c10::make_intrusive<ThrowingStateful>());
@@ -461,7 +463,7 @@ class GatedWriter : public dcp::FileSystemWriter {
   std::atomic<bool> open_{false};
 };
 
-void reject_command(const dcp::ProcessGroup& group, const std::string& dir) {
+void reject_command(const dist::ProcessGroup& group, const std::string& dir) {
   REQUIRE(g_world == 2, "reject needs 2 ranks");
   GatedWriter gated(dir);
   dcp::FileSystemWriter spare(dir + "-spare");
@@ -492,8 +494,8 @@ int main(int argc, char** argv) {
   try {
     const char* timeout = std::getenv("STOWAGE_TEST_TIMEOUT_MS");
     const char* check_in = std::getenv("STOWAGE_TEST_CHECK_IN_MS");
-    const dcp::ProcessGroup group = dcp::init_process_group_from_env(
-        dcp::ProcessGroupOptions()
+    const dist::ProcessGroup group = dist::init_process_group_from_env(
+        dist::ProcessGroupOptions()
             .timeout(std::chrono::milliseconds(timeout ? std::atoll(timeout) : 60000))
             .check_in_timeout(std::chrono::milliseconds(check_in ? std::atoll(check_in) : 10000)));
     g_rank = group.rank();

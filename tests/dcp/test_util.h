@@ -1,9 +1,11 @@
 #pragma once
 
-// Helpers shared by the dcp tests: a scratch directory, the test device, file surgery.
+// Helpers shared by the dcp tests: a scratch directory, the test device, file surgery,
+// free ports.
 
 #include <stowage/dcp/dcp.h>
 
+#include "process_groups.h"
 #include "test_device.h"
 
 #include <torch/torch.h>
@@ -14,9 +16,7 @@
 #include <string>
 #include <vector>
 
-#include <netinet/in.h>
 #include <stdlib.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 namespace stowage::dcp::testing {
@@ -72,17 +72,6 @@ inline std::string metadata_path(const std::string& dir) {
   return dir + "/" + kMetadataFileName;
 }
 
-// A loopback port the kernel reports free now, for a TCPStore to bind moments later.
-inline int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(addr);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
+using stowage::testing::free_port;
 
 }  // namespace stowage::dcp::testing

@@ -3,7 +3,7 @@
 
 #include "dcp_bench.h"
 
-#include <stowage/dcp/process_group.h>
+#include <stowage/dist/process_group.h>
 #include <stowage/error.h>
 
 #include <fmt/format.h>
@@ -67,7 +67,7 @@ void add_bench_dcp(CLI::App& bench) {
       return;
     }
     if (*as_rank) {
-      const stowage::dcp::ProcessGroup group = stowage::dcp::init_process_group_from_env();
+      const stowage::dist::ProcessGroup group = stowage::dist::init_process_group_from_env();
       const double gbps = bench::run_dcp_rank_save_bench(*options, options->dir, group);
       if (group.rank() == 0) std::ofstream(*result_file) << gbps << "\n";
       return;

@@ -1,9 +1,10 @@
 // `stowage ckpt ls | inspect | verify`: look into checkpoints without loading them.
 #include "commands.h"
-#include "train_checkpoints.h"
 #include "train_progress.h"
 
+#include <stowage/dcp/checkpoint_manager.h>
 #include <stowage/dcp/dcp.h>
+#include <stowage/dcp/verify.h>
 #include <stowage/error.h>
 
 #include <ATen/ATen.h>
@@ -40,7 +41,7 @@ std::string run_dir_of(const std::string& dir) {
 // Only committed checkpoints, unless `all`: an uncommitted directory is a save in flight
 // or the remains of a failed one, never something to load.
 void list(const std::string& dir, bool as_json, bool all) {
-  auto checkpoints = list_run_checkpoints(run_dir_of(dir));
+  auto checkpoints = dcp::list_checkpoints(checkpoints_dir(run_dir_of(dir)));
   if (!all) {
     checkpoints.erase(std::remove_if(checkpoints.begin(), checkpoints.end(), [](const auto& c) { return !c.committed; }),
                       checkpoints.end());
@@ -125,36 +126,20 @@ void inspect(const std::string& dir, bool as_json) {
 // reports the first bad entry) when one fails.
 bool verify(const std::string& dir, bool as_json) {
   dcp::FileSystemReader reader(dir);
-  json result{{"path", dir}};
-  int64_t chunks = 0, bytes = 0;
-  try {
-    const dcp::Metadata metadata = reader.read_metadata();
-    for (const auto& entry : metadata.entries) {
-      for (const auto& chunk : entry.chunks) {
-        std::vector<dcp::ChunkRead> reads(1);
-        reads[0].entry = &entry;
-        reads[0].chunk = &chunk;
-        reads[0].buffer = at::empty({chunk.location.length}, at::kByte);
-        reader.read_data(reads);
-        ++chunks;
-        bytes += chunk.location.length;
-      }
-    }
-    result["ok"] = true;
-  } catch (const Error& e) {
-    result["ok"] = false;
-    result["error"] = e.what();
-  }
-  result["chunks_verified"] = chunks;
-  result["bytes_verified"] = bytes;
+  const dcp::VerifyReport report = dcp::verify(reader);
+  json result{{"path", dir},
+              {"ok", report.ok()},
+              {"chunks_verified", report.chunks_verified},
+              {"bytes_verified", report.bytes_verified}};
+  if (!report.ok()) result["error"] = report.error;
   if (as_json) {
     fmt::print("{}\n", result.dump(2));
-  } else if (result["ok"].get<bool>()) {
-    fmt::print("{}: ok, {} chunks ({}) verified\n", dir, chunks, format_bytes(bytes));
+  } else if (report.ok()) {
+    fmt::print("{}: ok, {} chunks ({}) verified\n", dir, report.chunks_verified, format_bytes(report.bytes_verified));
   } else {
-    fmt::print("{}: FAILED after {} good chunks: {}\n", dir, chunks, result["error"].get<std::string>());
+    fmt::print("{}: FAILED after {} good chunks: {}\n", dir, report.chunks_verified, report.error);
   }
-  return result["ok"].get<bool>();
+  return report.ok();
 }
 
 }  // namespace

@@ -19,12 +19,16 @@ void add_bench_command(CLI::App& app);
 void add_bench_activation(CLI::App& bench);
 void add_bench_swap(CLI::App& bench);
 void add_bench_dcp(CLI::App& bench);
+void add_bench_grad_sync(CLI::App& bench);
 
 // Runs `command` as ranks 0..nproc-1 with torchrun's environment (port 0: a free one);
 // returns the first failed rank's exit status, or 0.
 int launch_ranks(int nproc, int port, std::chrono::seconds grace, const std::vector<std::string>& command);
 // The absolute path of this executable, to start it again as ranks.
 std::string executable_path();
+
+// The checkpoints folder of a `stowage train` run directory: <run_dir>/checkpoints.
+std::string checkpoints_dir(const std::string& run_dir);
 
 // The device of a --device option ("cpu", "cuda", "cuda:1"). Throws InvalidArgument naming
 // the text when it is no device, or one this build or machine does not have.

@@ -3,14 +3,13 @@
 // activation checkpointing of the transformer blocks, optimizer-state swap of AdamW,
 // and asynchronous checkpoints every K steps from which --resume continues exactly.
 // With --nproc N (or under torchrun) it trains data-parallel on N ranks with the
-// optimizer state sharded over them (train_sharding.h).
+// optimizer state sharded over them (optim::ZeroRedundancyOptimizer) and the gradients
+// averaged during backward (dist::GradientReducer).
 #include "cli_numbers.h"
 #include "commands.h"
-#include "train_checkpoints.h"
 #include "train_data.h"
 #include "train_model.h"
 #include "train_progress.h"
-#include "train_sharding.h"
 
 #include <stowage/stowage.h>
 
@@ -57,7 +56,7 @@ struct TrainOptions {
 // The ranks of a data-parallel run: WORLD_SIZE and RANK as torchrun and `stowage launch`
 // set them; one rank when unset.
 struct World {
-  std::optional<dcp::ProcessGroup> group;
+  std::optional<dist::ProcessGroup> group;
   int64_t rank = 0;
   int64_t size = 1;
 };
@@ -70,7 +69,7 @@ World join_world(const TrainOptions& options) {
     if (options.nproc > 1) throw InvalidArgument(fmt::format("--nproc {} but WORLD_SIZE is 1", options.nproc));
     return world;
   }
-  world.group = dcp::init_process_group_from_env();
+  world.group = dist::init_process_group_from_env();
   world.rank = world.group->rank();
   world.size = world.group->size();
   if (options.nproc > 1 && options.nproc != world.size) {
@@ -94,6 +93,12 @@ std::vector<std::string> own_command_line() {
   return args;
 }
 
+double mean_over_ranks(const dist::ProcessGroup& group, double value) {
+  at::Tensor buffer = at::full({1}, value, at::kDouble);
+  group.all_reduce_sum(buffer);
+  return buffer.item<double>() / static_cast<double>(group.size());
+}
+
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -103,23 +108,6 @@ int64_t tensor_bytes(const std::vector<torch::Tensor>& tensors) {
   for (const auto& t : tensors) bytes += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
   return bytes;
 }
-
-// An async checkpoint in flight: its writer must outlive the save.
-struct PendingCheckpoint {
-  int64_t step = 0;
-  std::string path;
-  Clock::time_point started;
-  double blocked_ms = 0;  // async_save's call, plus the wait for staging before the next step
-  std::unique_ptr<dcp::FileSystemWriter> writer;
-  dcp::AsyncSaveResponse response;
-  // Timestamps the commit the moment it happens, for the committed-at rate.
-  std::thread watcher;
-  Clock::time_point committed;
-
-  ~PendingCheckpoint() {
-    if (watcher.joinable()) watcher.join();
-  }
-};
 
 // The device of --device for this rank: "cuda" alone means cuda:LOCAL_RANK (torchrun's
 // local rank), one GPU per rank; anything else as parse_device reads it.
@@ -141,7 +129,7 @@ class Trainer {
     // created in the run directory, so that a bad one leaves nothing behind.
     const Corpus corpus = Corpus::load(options_.corpus, options_.seq_len + 2);
     build();
-    fs::create_directories(checkpoints_dir(options_.run_dir));
+    fs::create_directories(options_.run_dir);
     // Rank 0 reports for the run; the other ranks only train.
     std::optional<Progress> progress;
     if (world_.rank == 0) {
@@ -149,10 +137,11 @@ class Trainer {
                        options_.log_every);
       progress_ = &*progress;
       progress_->message(describe(corpus));
-      // One training run per run directory: nothing uncommitted can be ours in flight.
-      remove_uncommitted_checkpoints(options_.run_dir);
     }
-    if (world_.group) world_.group->barrier();
+    // One training run per run directory: the manager removes what uncommitted saves left.
+    checkpoints_.emplace(checkpoints_dir(options_.run_dir),
+                         dcp::CheckpointManagerOptions().save_every(options_.ckpt_every).keep_last(options_.keep),
+                         world_.group);
     if (options_.resume) resume();
 
     double first_loss = -1, last_loss = 0;
@@ -161,11 +150,11 @@ class Trainer {
     for (int64_t step = first_step; step <= options_.steps; ++step) {
       last_loss = train_step(corpus, step);
       if (first_loss < 0) first_loss = last_loss;
-      if (options_.ckpt_every > 0 && (step % options_.ckpt_every == 0 || step == options_.steps)) {
-        start_checkpoint();
-      }
+      // The last step is saved too, so that a resumed run continues from where this one ended.
+      const bool last_step = options_.ckpt_every > 0 && step == options_.steps;
+      if (checkpoints_->should_save(step) || last_step) checkpoints_->save(step, live_state(), /*force=*/last_step);
     }
-    finish_checkpoint(/*wait=*/true);
+    report_checkpoints(checkpoints_->wait());
     if (!progress_) return;
     if (first_step <= options_.steps) {
       progress_->message(fmt::format("done: steps {}-{} in {:.1f} s, loss {:.3f} -> {:.3f}, peak activations {}, "
@@ -195,23 +184,18 @@ class Trainer {
                                         options_.recompute_segments, options_.layers));
     }
     baseline_bytes_ = memory::memory_allocated(device_);
-    // Each rank's optimizer steps its own range of the parameters: all of them on one rank.
+    // Each rank's optimizer steps its own share of the parameters: all of them on one rank.
     const std::vector<torch::Tensor> params = model_->parameters();
-    const std::vector<ParamRange> ranges = shard_parameters(params, world_.size);
-    owned_ = ranges[world_.rank];
-    adamw_ = std::make_shared<torch::optim::AdamW>(
-        std::vector<torch::Tensor>(params.begin() + owned_.begin, params.begin() + owned_.end),
-        torch::optim::AdamWOptions(options_.lr));
-    c10::intrusive_ptr<Stateful> local_state;
-    if (options_.swap_times > 0) {
-      swap_ = optim::swap_optimizer(adamw_, optim::SwapOptimizerConfig().swap_times(options_.swap_times));
-      local_state = swap_;
-    } else {
-      local_state = c10::make_intrusive<OptimizerState>(adamw_);
-    }
-    optimizer_state_ =
-        c10::make_intrusive<ShardedOptimizerState>(local_state, owned_, static_cast<int64_t>(params.size()));
-    if (world_.group) parallel_.emplace(*world_.group, params, ranges);
+    optim::ZeroRedundancyOptimizerOptions zero_options;
+    if (options_.swap_times > 0) zero_options.swap(optim::SwapOptimizerConfig().swap_times(options_.swap_times));
+    const double lr = options_.lr;
+    optimizer_ = c10::make_intrusive<optim::ZeroRedundancyOptimizer>(
+        params,
+        [lr](std::vector<torch::Tensor> share) {
+          return std::make_shared<torch::optim::AdamW>(std::move(share), torch::optim::AdamWOptions(lr));
+        },
+        world_.group, zero_options);
+    if (world_.group) gradient_reducer_ = std::make_unique<dist::GradientReducer>(params, *world_.group);
     // One data stream for the run: every rank draws the global batch and takes its slice.
     data_generator_ = at::make_generator<at::CPUGeneratorImpl>(options_.seed + 1);
   }
@@ -224,13 +208,14 @@ class Trainer {
         "checkpointing: {}; optimizer: {}; checkpoints: {}{}{}",
         options_.layers, parameters / 1e6, corpus.source(), corpus.size(),
         options_.recompute_segments > 0 ? fmt::format("{} segments", options_.recompute_segments) : "off",
-        swap_ ? fmt::format("AdamW with state swap ({} batches)", options_.swap_times) : "plain AdamW",
+        optimizer_->swap() ? fmt::format("AdamW with state swap ({} batches)", options_.swap_times) : "plain AdamW",
         options_.ckpt_every > 0 ? fmt::format("every {} steps into {}, keeping {}", options_.ckpt_every,
                                               checkpoints_dir(options_.run_dir), options_.keep)
                                 : "off",
         world_.size > 1 ? fmt::format("; data-parallel over {} ranks, optimizer state sharded (rank 0 owns "
                                       "parameters {}-{} of {})",
-                                      world_.size, owned_.begin, owned_.end - 1, model_->parameters().size())
+                                      world_.size, optimizer_->owned().begin, optimizer_->owned().end - 1,
+                                      model_->parameters().size())
                         : "",
         device_.is_cpu() ? ""
                          : fmt::format("; on {}{}", device_.str(),
@@ -262,25 +247,20 @@ class Trainer {
       loss.backward();
       loss_value = loss.item<double>();
     }
-    if (parallel_) {
-      parallel_->average_gradients();
-      loss_value = parallel_->average(loss_value);
+    if (world_.group) {
+      gradient_reducer_->synchronize();
+      loss_value = mean_over_ranks(*world_.group, loss_value);
     }
     const int64_t activation_peak = memory::max_memory_allocated(device_) - before;
     // The snapshot of the last checkpoint must be complete before the step changes
     // what it copies; staging overlapped with this step's forward and backward.
-    wait_for_staging();
-    if (swap_) {
-      swap_->step();
-    } else {
-      adamw_->step();
-    }
-    if (parallel_) parallel_->share_parameters();
+    checkpoints_->wait_for_staging();
+    optimizer_->step();
     step_ = step;
     const double step_s = seconds_since(start);
     resident_bytes_ = memory::memory_allocated(device_) - baseline_bytes_ - tensor_bytes(grads());
     peak_activation_bytes_ = std::max(peak_activation_bytes_, activation_peak);
-    report_finished_checkpoint();
+    report_checkpoints(checkpoints_->poll());
     if (!progress_) return loss_value;
 
     StepReport report;
@@ -313,89 +293,44 @@ class Trainer {
     progress.insert("torch_rng", at::detail::getDefaultCPUGenerator().get_state());
     StateDict state;
     state.insert("model", as_ivalue(model_.ptr()));
-    state.insert("optim", as_ivalue(c10::intrusive_ptr<Stateful>(optimizer_state_)));
+    state.insert("optim", as_ivalue(c10::intrusive_ptr<Stateful>(optimizer_)));
     state.insert("progress", progress);
     return state;
   }
 
-  void start_checkpoint() {
-    finish_checkpoint(/*wait=*/true);  // one save in flight at a time
-    auto pending = std::make_unique<PendingCheckpoint>();
-    pending->step = step_;
-    pending->path = checkpoint_path(options_.run_dir, step_);
-    pending->writer = std::make_unique<dcp::FileSystemWriter>(pending->path);
-    pending->started = Clock::now();
-    pending->response = dcp::async_save(live_state(), *pending->writer, &stager_, {}, world_.group);
-    pending->blocked_ms = seconds_since(pending->started) * 1e3;
-    pending->watcher = std::thread([upload = pending->response.upload_completion, &committed = pending->committed] {
-      upload.wait();
-      committed = Clock::now();
-    });
-    pending_ = std::move(pending);
-  }
-
-  void wait_for_staging() {
-    if (!pending_ || staged_) return;
-    const auto start = Clock::now();
-    pending_->response.staging_completion.get();
-    pending_->blocked_ms += seconds_since(start) * 1e3;
-    staged_ = true;
-  }
-
-  // Reports the pending checkpoint if it has committed (or, with `wait`, once it has).
-  void finish_checkpoint(bool wait) {
-    if (!pending_) return;
-    wait_for_staging();
-    auto& upload = pending_->response.upload_completion;
-    if (!wait && upload.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return;
-    pending_->watcher.join();
-    const dcp::Metadata metadata = upload.get();  // rethrows a failed save
-    CheckpointReport report;
-    report.step = pending_->step;
-    report.path = pending_->path;
-    report.staged_ms = pending_->blocked_ms;
-    for (const auto& entry : metadata.entries) {
-      for (const auto& chunk : entry.chunks) report.bytes += chunk.location.length;
+  void report_checkpoints(const std::vector<dcp::SaveReport>& saves) {
+    if (!progress_) return;  // rank 0 reports for the run
+    for (const dcp::SaveReport& save : saves) {
+      CheckpointReport report;
+      report.step = save.step;
+      report.path = save.path;
+      report.bytes = save.bytes;
+      report.staged_ms = save.blocked_s * 1e3;
+      report.committed_gbps = static_cast<double>(save.bytes) / save.commit_s / 1e9;
+      progress_->checkpoint(report);
     }
-    report.committed_gbps =
-        report.bytes / std::chrono::duration<double>(pending_->committed - pending_->started).count() / 1e9;
-    pending_.reset();
-    staged_ = false;
-    if (!progress_) return;  // rank 0 keeps the run directory
-    prune_checkpoints(options_.run_dir, options_.keep);
-    progress_->checkpoint(report);
   }
-
-  void report_finished_checkpoint() { finish_checkpoint(/*wait=*/false); }
 
   void resume() {
-    // Rank 0 picks the checkpoint, so that every rank loads the same one.
-    std::string path;
-    if (world_.rank == 0) {
-      const auto latest = latest_committed(options_.run_dir);
-      if (latest) path = latest->path;
-    }
-    if (world_.group) path = world_.group->broadcast(path, 0);
-    if (path.empty()) {
+    // The optimizer loads only this rank's parameters' states, whatever the number of
+    // ranks that saved them.
+    StateDict state = live_state();
+    const std::optional<int64_t> step = checkpoints_->restore(state);
+    if (!step) {
       if (progress_) {
         progress_->message(fmt::format("no committed checkpoint in {}: starting from step 0",
-                                       checkpoints_dir(options_.run_dir)));
+                                       checkpoints_->directory()));
       }
       return;
     }
-    // The optimizer loads only this rank's parameters' states, whatever the number of
-    // ranks that saved them.
-    dcp::FileSystemReader reader(path);
-    StateDict state = live_state();
-    state.insert_or_assign("optim", optimizer_state_->load_request(reader.read_metadata(), "optim"));
-    dcp::load(state, reader, {}, world_.group);
-    optimizer_state_->load_state_dict(state.at("optim").toGenericDict());
     const StateDict progress = state.at("progress").toGenericDict();
     step_ = progress.at("step").toInt();
     data_generator_.set_state(progress.at("data_rng").toTensor());
     at::Generator torch_generator = at::detail::getDefaultCPUGenerator();  // a handle: set_state is non-const
     torch_generator.set_state(progress.at("torch_rng").toTensor());
-    if (progress_) progress_->message(fmt::format("resumed from {} at step {}", path, step_));
+    if (progress_) {
+      progress_->message(fmt::format("resumed from {} at step {}", checkpoints_->checkpoint_path(*step), step_));
+    }
   }
 
   TrainOptions options_;
@@ -403,23 +338,22 @@ class Trainer {
   c10::Device device_;
   LanguageModel model_{nullptr};
   int64_t vocab_ = 0;
-  std::shared_ptr<torch::optim::AdamW> adamw_;
-  c10::intrusive_ptr<optim::SwapOptimizer> swap_;
-  ParamRange owned_;
-  c10::intrusive_ptr<ShardedOptimizerState> optimizer_state_;
-  std::optional<DataParallel> parallel_;
+  c10::intrusive_ptr<optim::ZeroRedundancyOptimizer> optimizer_;
+  std::unique_ptr<dist::GradientReducer> gradient_reducer_;  // with a group
   at::Generator data_generator_;
   int64_t step_ = 0;
   int64_t baseline_bytes_ = 0;
   int64_t resident_bytes_ = 0;
   int64_t peak_activation_bytes_ = 0;
-  dcp::DefaultStager stager_;
-  std::unique_ptr<PendingCheckpoint> pending_;
-  bool staged_ = false;
+  std::optional<dcp::CheckpointManager> checkpoints_;
   Progress* progress_ = nullptr;
 };
 
 }  // namespace
+
+std::string checkpoints_dir(const std::string& run_dir) {
+  return (fs::path(run_dir) / "checkpoints").string();
+}
 
 void add_train_command(CLI::App& app) {
   auto options = std::make_shared<TrainOptions>();

@@ -17,13 +17,13 @@
 // part in every collective whatever failed (an error before the first one, even in
 // making the FileSystemWriter or FileSystemReader of a path, is the rank's failure in
 // the first step), so the group stays usable. A rank that dies or hangs fails the group
-// (process_group.h): the others raise CheckpointError naming it as dead or
+// (stowage/dist/process_group.h): the others raise CheckpointError naming it as dead or
 // unresponsive, at once for a dead rank plus the group's check_in_timeout, after the
 // group's timeout for a hung one; the group is then unusable.
 
 #include <stowage/dcp/filesystem.h>
 #include <stowage/dcp/metadata.h>
-#include <stowage/dcp/process_group.h>
+#include <stowage/dist/process_group.h>
 #include <stowage/dcp/sharded_tensor.h>
 #include <stowage/dcp/staging.h>
 #include <stowage/dcp/storage.h>
@@ -57,10 +57,10 @@ class CheckpointError : public Error {
 // Saves `state` and returns the committed metadata. On an exception nothing of this
 // save remains and the previous checkpoint is untouched.
 // With a group, every rank returns the committed metadata.
-Metadata save(const StateDict& state, StorageWriter& writer, std::optional<ProcessGroup> group = std::nullopt);
+Metadata save(const StateDict& state, StorageWriter& writer, std::optional<dist::ProcessGroup> group = std::nullopt);
 // Into `checkpoint_dir` with default FileSystemWriter options.
 Metadata save(const StateDict& state, const std::string& checkpoint_dir,
-              std::optional<ProcessGroup> group = std::nullopt);
+              std::optional<dist::ProcessGroup> group = std::nullopt);
 
 // What async_save does when the writer still has a save in flight, or the stager one
 // that writes the stager's previous snapshot, on any writer, while the stager reuses
@@ -97,16 +97,16 @@ struct AsyncSaveResponse {
 // is in flight at a time (see AsyncSaveOptions); the writer must outlive the save and
 // its destructor waits for it.
 //
-// With a group, the background save's collectives run on the group's async-save group
-// (ProcessGroup::async_save_group(), made on the first such call), never on the group
-// the caller's thread uses, and the background saves on it run one after another in
+// With a group, the background save's collectives run on a group of the same ranks of
+// their own (made from `group` with new_group on the first such call, and kept with it),
+// never on the group the caller's thread uses, and the background saves on it run one after another in
 // the order they were started. Every rank must then return from async_save to report:
 // a rank's error before the write (validation, a Stateful's state_dict(), staging)
 // goes into its futures and, through the collectives, into every rank's
 // upload_completion as a CheckpointError. async_save itself runs one collective on
 // `group`, on the caller's thread, before anything starts (see PendingSave).
 AsyncSaveResponse async_save(const StateDict& state, StorageWriter& writer, AsyncStager* stager = nullptr,
-                             AsyncSaveOptions options = {}, std::optional<ProcessGroup> group = std::nullopt);
+                             AsyncSaveOptions options = {}, std::optional<dist::ProcessGroup> group = std::nullopt);
 
 struct LoadOptions {
   // Leave entries the checkpoint lacks as they are, instead of failing.
@@ -139,8 +139,8 @@ struct LoadOptions {
 // its state: on a failure anywhere every rank raises CheckpointError and no rank's
 // state is changed.
 void load(StateDict& state, StorageReader& reader, LoadOptions options = {},
-          std::optional<ProcessGroup> group = std::nullopt);
+          std::optional<dist::ProcessGroup> group = std::nullopt);
 void load(StateDict& state, const std::string& checkpoint_dir, LoadOptions options = {},
-          std::optional<ProcessGroup> group = std::nullopt);
+          std::optional<dist::ProcessGroup> group = std::nullopt);
 
 }  // namespace stowage::dcp

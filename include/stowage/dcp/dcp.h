@@ -4,10 +4,11 @@
 // process or over a c10d process group.
 
 #include <stowage/dcp/checkpoint.h>
+#include <stowage/dcp/checkpoint_manager.h>
 #include <stowage/dcp/filesystem.h>
 #include <stowage/dcp/metadata.h>
 #include <stowage/dcp/planner.h>
-#include <stowage/dcp/process_group.h>
 #include <stowage/dcp/sharded_tensor.h>
 #include <stowage/dcp/staging.h>
 #include <stowage/dcp/storage.h>
+#include <stowage/dcp/verify.h>

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -57,6 +58,10 @@ StateDict write_optimizer_layout(
     torch::optim::Optimizer& optimizer,
     const std::function<void(const torch::optim::OptimizerOptions&, c10::impl::GenericDict&)>& write_options,
     const std::function<bool(const at::Tensor& param, c10::impl::GenericDict& entry)>& write_entry);
+
+// The parameter index a key of "state" spells, digits only ("0", "17"); nullopt for any
+// other key.
+std::optional<int64_t> parse_param_id(const std::string& key);
 
 // Field readers: each throws stowage::InvalidArgument naming `where` and the key when the
 // entry is missing or of another type.

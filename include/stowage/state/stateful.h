@@ -46,6 +46,11 @@ class Stateful : public torch::CustomClassHolder {
   // load_state_dict. The default checks nothing: a Stateful that does not override it
   // has its load_state_dict as its only check, after the rest of the load.
   virtual void check_load_state_dict(const StateDict& state);
+  // Whether load_state_dict needs the saved entry at `path` (below the object's own key)
+  // that state_dict() does not have. dcp::load reads only the ones it needs. The default
+  // is every one; a sharded object (optim::ZeroRedundancyOptimizer) skips the parts that
+  // other ranks own.
+  virtual bool needs_saved_entry(const ObjectPath& path) const;
 };
 
 // Wraps a Stateful as a value that can be inserted into a StateDict.

@@ -1,8 +1,9 @@
 #pragma once
 
-// The ranks of a distributed checkpoint, on LibTorch's own c10d: a TCPStore rendezvous
-// and a ProcessGroupGloo (CPU tensors, so the checkpoint's collectives never touch the
-// device or the training loop's streams). The c10d types stay in the .cpp: their class
+// A group of ranks on LibTorch's own c10d, for the checkpoint's collectives and the
+// training loop's: a TCPStore rendezvous and a ProcessGroupGloo (its byte exchanges go
+// over CPU tensors, so a checkpoint's collectives never touch the device or the training
+// loop's streams), and NCCL for device tensors in a CUDA build. The c10d types stay in the .cpp: their class
 // hierarchy differs between LibTorch 1.x (ProcessGroupGloo is a ProcessGroup) and 2.x
 // (it is a Backend).
 //
@@ -24,13 +25,13 @@
 #include <torch/arg.h>
 
 #include <chrono>
-#include <future>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
-namespace stowage::dcp {
+namespace stowage::dist {
 
 struct ProcessGroupOptions {
   // Bound on the rendezvous and on every collective. A save's collective waits for the
@@ -73,16 +74,12 @@ class ProcessGroup {
   // store). Collective: every rank calls it with the same name.
   ProcessGroup new_group(const std::string& name) const;
 
-  // The group async_save runs its background collectives on: new_group("async_save"),
-  // made on the first call (collective) and the same one afterwards.
-  ProcessGroup async_save_group() const;
-
-  // Queues a save on this group: returns the completion of the save queued before it
-  // (invalid if none), which it must wait for before its first collective; `done` is
-  // its own completion, which the next one waits for. Called on the caller's thread,
-  // this runs background saves one after another in the order the ranks started them,
-  // the same on every rank.
-  std::shared_future<void> take_turn(std::shared_future<void> done) const;
+  // State that a layer above this one keeps per group (dcp's async_save keeps the group
+  // its background saves run on, and their order), made by `make` on the first call with
+  // `key` and the same object on later ones, destroyed with the group. Local: `make` runs
+  // on the calling thread, and may itself call collectives (new_group), which every rank
+  // then must reach in the same order.
+  std::shared_ptr<void> attachment(const std::string& key, const std::function<std::shared_ptr<void>()>& make) const;
 
   // Byte exchanges, each a few c10d collectives on uint8 tensors. Throw
   // CollectiveError naming the operation, the cause and the ranks that did not check
@@ -131,4 +128,4 @@ ProcessGroup init_process_group_from_env(ProcessGroupOptions options = {});
 ProcessGroup init_process_group(const std::string& master_addr, int master_port, int64_t rank, int64_t world_size,
                                 ProcessGroupOptions options = {});
 
-}  // namespace stowage::dcp
+}  // namespace stowage::dist

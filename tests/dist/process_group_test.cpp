@@ -1,30 +1,32 @@
-// Process groups in one process: the environment contract, byte collectives, and the
-// distributed save/load steps with a group of one (errors travel as CheckpointError).
+// Process groups in one process: the environment contract, the collectives of a group of
+// one and of several ranks run as threads, per-group attachments, the SIGPIPE policy.
 
-#include "dcp/test_util.h"
+#include "process_groups.h"
 
 #include <stowage/build_info.h>
 #include <stowage/error.h>
 
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <csignal>
 #include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include <signal.h>
 #include <unistd.h>
 
-namespace stowage::dcp {
+namespace stowage::dist {
 namespace {
-
-using testing::ScratchDir;
 
 ProcessGroup group_of_one() {
   return init_process_group("127.0.0.1", testing::free_port(), 0, 1,
                             ProcessGroupOptions().timeout(std::chrono::seconds(20)));
 }
 
-TEST(DcpProcessGroup, TheEnvironmentIsCheckedNamingTheVariable) {
+TEST(DistProcessGroup, TheEnvironmentIsCheckedNamingTheVariable) {
   setenv("MASTER_ADDR", "127.0.0.1", 1);
   setenv("MASTER_PORT", "29500", 1);
   setenv("WORLD_SIZE", "1", 1);
@@ -47,7 +49,7 @@ TEST(DcpProcessGroup, TheEnvironmentIsCheckedNamingTheVariable) {
   for (const char* name : {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"}) unsetenv(name);
 }
 
-TEST(DcpProcessGroup, TensorCollectivesUseGlooOnTheCpuAndNcclForCudaTensors) {
+TEST(DistProcessGroup, TensorCollectivesUseGlooOnTheCpuAndNcclForCudaTensors) {
   const ProcessGroup group = group_of_one();
   EXPECT_EQ(group.backend_name(c10::Device(c10::kCPU)), "gloo");
   at::Tensor cpu = at::arange(4, at::kFloat);
@@ -68,7 +70,7 @@ TEST(DcpProcessGroup, TensorCollectivesUseGlooOnTheCpuAndNcclForCudaTensors) {
   EXPECT_TRUE(on_device.cpu().equal(at::arange(4, at::kFloat)));
 }
 
-TEST(DcpProcessGroup, ByteCollectivesOfAGroupOfOne) {
+TEST(DistProcessGroup, ByteCollectivesOfAGroupOfOne) {
   const ProcessGroup group = group_of_one();
   EXPECT_EQ(group.rank(), 0);
   EXPECT_EQ(group.size(), 1);
@@ -78,8 +80,52 @@ TEST(DcpProcessGroup, ByteCollectivesOfAGroupOfOne) {
   EXPECT_EQ(group.scatter({bytes}, 0), bytes);
   EXPECT_EQ(group.broadcast("", 0), "");
   group.barrier();
-  const ProcessGroup async_group = group.async_save_group();
-  EXPECT_EQ(async_group.all_gather("x"), std::vector<std::string>{"x"});
+  const ProcessGroup sub_group = group.new_group("sub");
+  EXPECT_EQ(sub_group.all_gather("x"), std::vector<std::string>{"x"});
+}
+
+TEST(DistProcessGroup, CollectivesOfThreeRanks) {
+  testing::run_ranks(3, [](const ProcessGroup& group) {
+    const int64_t rank = group.rank();
+    ASSERT_EQ(group.size(), 3);
+    const std::vector<std::string> ranks = {"0", "1", "2"};
+    EXPECT_EQ(group.all_gather(std::to_string(rank)), ranks);
+    const std::vector<std::string> gathered = group.gather(std::string(rank, 'g'), 1);
+    const std::vector<std::string> expected_at_root = {"", "g", "gg"};
+    EXPECT_EQ(gathered, rank == 1 ? expected_at_root : std::vector<std::string>());
+    const std::vector<std::string> parts = {"a", "bb", "ccc"};
+    EXPECT_EQ(group.scatter(rank == 2 ? parts : std::vector<std::string>(), 2), parts[static_cast<size_t>(rank)]);
+    EXPECT_EQ(group.broadcast(rank == 0 ? "from 0" : "", 0), "from 0");
+    at::Tensor summed = at::full({5}, static_cast<double>(rank + 1), at::kFloat);
+    group.all_reduce_sum(summed);
+    EXPECT_TRUE(summed.equal(at::full({5}, 6.0, at::kFloat)));
+    at::Tensor from_two = rank == 2 ? at::arange(5, at::kFloat) : at::zeros({5}, at::kFloat);
+    group.broadcast(from_two, 2);
+    EXPECT_TRUE(from_two.equal(at::arange(5, at::kFloat)));
+    group.barrier();
+  });
+}
+
+TEST(DistProcessGroup, AnAttachmentIsMadeOnceAndSharedByTheCopiesOfAGroup) {
+  const ProcessGroup group = group_of_one();
+  const ProcessGroup copy = group;
+  int made = 0;
+  const auto make = [&made] {
+    ++made;
+    return std::make_shared<int>(7);
+  };
+  const std::shared_ptr<void> first = group.attachment("test.counter", make);
+  EXPECT_EQ(copy.attachment("test.counter", make), first);
+  EXPECT_EQ(made, 1);
+  EXPECT_NE(group.attachment("test.other", make), first);
+  EXPECT_EQ(made, 2);
+  // Another group over the same ranks has attachments of its own.
+  EXPECT_NE(group.new_group("sub").attachment("test.counter", make), first);
+  EXPECT_EQ(made, 3);
+  // A failed make leaves nothing attached: the next call makes it again.
+  EXPECT_THROW(group.attachment("test.failing", []() -> std::shared_ptr<void> { throw InvalidArgument("no"); }),
+               InvalidArgument);
+  EXPECT_EQ(*std::static_pointer_cast<int>(group.attachment("test.failing", make)), 7);
 }
 
 void program_sigpipe_handler(int) {}
@@ -92,7 +138,7 @@ sighandler_t sigpipe_disposition() {
 
 // A peer's death must reach c10d as EPIPE, not kill the survivor with SIGPIPE; a
 // handler the program installed itself is left alone.
-TEST(DcpProcessGroup, JoiningIgnoresSigpipeUnlessTheProgramHandlesIt) {
+TEST(DistProcessGroup, JoiningIgnoresSigpipeUnlessTheProgramHandlesIt) {
   std::signal(SIGPIPE, SIG_DFL);
   group_of_one();
   EXPECT_EQ(sigpipe_disposition(), SIG_IGN);
@@ -103,38 +149,5 @@ TEST(DcpProcessGroup, JoiningIgnoresSigpipeUnlessTheProgramHandlesIt) {
   std::signal(SIGPIPE, SIG_DFL);
 }
 
-TEST(DcpProcessGroup, ErrorsOfAGroupSaveOrLoadAreCheckpointErrorsAndChangeNothing) {
-  const ScratchDir dir;
-  const ProcessGroup group = group_of_one();
-  StateDict state;
-  state.insert("w", torch::ones({4}));
-  save(state, dir.path(), group);
-
-  StateDict bad;
-  bad.insert("w", torch::Tensor());
-  try {
-    save(bad, dir.path(), group);
-    ADD_FAILURE() << "saved an undefined tensor";
-  } catch (const CheckpointError& e) {
-    EXPECT_EQ(e.step(), "plan");
-    ASSERT_EQ(e.failures().count(0), 1u);
-    EXPECT_NE(e.failures().at(0).find("'w'"), std::string::npos) << e.what();
-  }
-  StateDict target;
-  target.insert("w", torch::zeros({5}));
-  EXPECT_THROW(load(target, dir.path(), {}, group), CheckpointError);
-  EXPECT_TRUE(torch::equal(target.at("w").toTensor(), torch::zeros({5})));
-  target.insert_or_assign("w", torch::zeros({4}));
-  load(target, dir.path(), {}, group);  // the first save is still the checkpoint
-  EXPECT_TRUE(torch::equal(target.at("w").toTensor(), torch::ones({4})));
-
-  // async_save on a group: the error reaches the futures, not the caller.
-  FileSystemWriter writer(dir.path());
-  const AsyncSaveResponse response = async_save(bad, writer, nullptr, {}, group);
-  EXPECT_THROW(response.upload_completion.get(), CheckpointError);
-  const AsyncSaveResponse good = async_save(state, writer, nullptr, {}, group);
-  EXPECT_EQ(good.upload_completion.get().world_size, 1);
-}
-
 }  // namespace
-}  // namespace stowage::dcp
+}  // namespace stowage::dist

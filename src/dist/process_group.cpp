@@ -1,10 +1,10 @@
-// c10d's ProcessGroupGloo behind stowage::dcp::ProcessGroup. Only collectives that
+// c10d's ProcessGroupGloo behind stowage::dist::ProcessGroup. Only collectives that
 // LibTorch 1.13 and 2.x both have, with the same signatures, are used.
 #ifndef USE_C10D_GLOO
 #define USE_C10D_GLOO  // the c10d headers declare ProcessGroupGloo only under it
 #endif
 
-#include <stowage/dcp/process_group.h>
+#include <stowage/dist/process_group.h>
 #include <stowage/error.h>
 
 #include "exception_message.h"
@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <optional>
 #include <mutex>
 #include <thread>
@@ -36,7 +37,7 @@
 
 #include <signal.h>
 
-namespace stowage::dcp {
+namespace stowage::dist {
 
 // What the collectives run on: ProcessGroupGloo's base class, which c10d renamed.
 #if TORCH_VERSION_MAJOR >= 2
@@ -62,9 +63,8 @@ struct ProcessGroup::Impl {
   // that runs the group's collectives touches it (they run one at a time).
   std::optional<CollectiveError> failure;
 
-  std::mutex mutex;  // guards the two below
-  std::shared_ptr<Impl> async_save_group;
-  std::shared_future<void> last_turn;  // completion of the save that took the last turn
+  std::mutex mutex;  // guards attachments
+  std::map<std::string, std::shared_ptr<void>> attachments;
 };
 
 namespace {
@@ -270,15 +270,12 @@ ProcessGroup ProcessGroup::new_group(const std::string& name) const {
   return ProcessGroup(std::move(impl));
 }
 
-ProcessGroup ProcessGroup::async_save_group() const {
+std::shared_ptr<void> ProcessGroup::attachment(const std::string& key,
+                                               const std::function<std::shared_ptr<void>()>& make) const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  if (!impl_->async_save_group) impl_->async_save_group = new_group("async_save").impl_;
-  return ProcessGroup(impl_->async_save_group);
-}
-
-std::shared_future<void> ProcessGroup::take_turn(std::shared_future<void> done) const {
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  return std::exchange(impl_->last_turn, std::move(done));
+  std::shared_ptr<void>& attached = impl_->attachments[key];
+  if (!attached) attached = make();
+  return attached;
 }
 
 std::vector<std::string> ProcessGroup::all_gather(const std::string& bytes) const {
@@ -530,4 +527,4 @@ ProcessGroup init_process_group_from_env(ProcessGroupOptions options) {
   return join_group(addr, static_cast<int>(port), env_int("RANK"), env_int("WORLD_SIZE"), attempt, options);
 }
 
-}  // namespace stowage::dcp
+}  // namespace stowage::dist

@@ -1,0 +1,136 @@
+#pragma once
+
+// The checkpoints of a training run in one directory (the role of Orbax's
+// CheckpointManager and torchsnapshot's snapshot directory): <directory>/step-<N>, one
+// dcp checkpoint each, which counts only once its metadata is committed.
+//
+//   dcp::CheckpointManager manager(run_dir + "/checkpoints",
+//                                  dcp::CheckpointManagerOptions().save_every(50).keep_last(3), group);
+//   if (const auto step = manager.restore(state)) first_step = *step + 1;
+//   for (step = first_step; ...) {
+//     forward, backward;
+//     manager.wait_for_staging();  // the snapshot must be complete before the update
+//     optimizer step;
+//     manager.save(step, state);   // async, every save_every steps
+//   }
+//   manager.wait();  // and report what committed (poll() reports along the way)
+//
+// Saves are asynchronous (dcp::async_save with a DefaultStager): save() returns once
+// the state is handed to the stager; the snapshot is taken while the next step's forward
+// and backward run, and wait_for_staging() waits for it before the caller changes the
+// state. One save is in flight at a time: a save waits for the previous one to commit.
+// After each commit the older checkpoints beyond keep_last (except each keep_every-th)
+// are removed, as are uncommitted directories older than it (left by a crash or a
+// failed save).
+//
+// With a group every rank makes the manager, saves and restores together (the calls
+// are collective, in the same order); rank 0 alone lists, removes and picks the
+// checkpoint to restore, so that every rank loads the same one. One training process
+// (job) per directory: on construction, uncommitted directories are removed, since no
+// save of a previous process can still be in flight.
+//
+// Failures: a failed save is rethrown by the next save(), wait() or poll() (the
+// CheckpointError of dcp::async_save), once, and leaves the previous checkpoints as
+// they were.
+
+#include <stowage/dcp/checkpoint.h>
+#include <stowage/dcp/filesystem.h>
+#include <stowage/dcp/staging.h>
+#include <stowage/dist/process_group.h>
+#include <stowage/state/state_dict.h>
+
+#include <torch/arg.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace stowage::dcp {
+
+struct CheckpointManagerOptions {
+  // save() saves at the steps that are multiples of this (and when forced); 0: only forced.
+  TORCH_ARG(int64_t, save_every) = 0;
+  // Committed checkpoints kept, the newest ones; 0: every one.
+  TORCH_ARG(int64_t, keep_last) = 3;
+  // Also keep, beyond keep_last, the checkpoints of steps that are multiples of this; 0: none.
+  TORCH_ARG(int64_t, keep_every) = 0;
+};
+
+// A checkpoint of the directory.
+struct ManagedCheckpoint {
+  int64_t step = 0;
+  std::string path;
+  bool committed = false;
+};
+
+// A save that committed.
+struct SaveReport {
+  int64_t step = 0;
+  std::string path;
+  int64_t bytes = 0;                // of the chunks written, by every rank
+  double blocked_s = 0;             // the caller was blocked: in save() and wait_for_staging()
+  double commit_s = 0;              // from save() until it committed
+};
+
+// Every step-<N> directory of `directory`, oldest first (none if it does not exist).
+// Changes nothing, unlike a CheckpointManager's construction.
+std::vector<ManagedCheckpoint> list_checkpoints(const std::string& directory);
+
+class CheckpointManager {
+ public:
+  // Makes `directory` (on rank 0) and removes the uncommitted checkpoints in it.
+  // Collective with a group. Throws InvalidArgument for negative options.
+  CheckpointManager(std::string directory, CheckpointManagerOptions options = {},
+                    std::optional<dist::ProcessGroup> group = std::nullopt);
+  // Waits for the save in flight, if any; its error, if any, is lost (call wait()).
+  ~CheckpointManager();
+
+  CheckpointManager(const CheckpointManager&) = delete;
+  CheckpointManager& operator=(const CheckpointManager&) = delete;
+
+  const std::string& directory() const { return directory_; }
+  // <directory>/step-<N>, N written with eight digits at least.
+  std::string checkpoint_path(int64_t step) const;
+  // list_checkpoints(directory()), as this rank sees them.
+  std::vector<ManagedCheckpoint> list() const;
+  // The newest committed checkpoint, as this rank sees it.
+  std::optional<ManagedCheckpoint> latest() const;
+
+  bool should_save(int64_t step) const;
+  // Starts an async save of `state` as `step` if should_save(step) or `force`, and
+  // returns whether it did. It waits for the save before it to commit first (rethrowing
+  // its failure); that one's report then comes from the next poll() or wait(). Throws
+  // InvalidArgument for a step at or below the last one saved or restored.
+  bool save(int64_t step, const StateDict& state, bool force = false);
+  // Waits until the save in flight has its snapshot, so that the state may change.
+  void wait_for_staging();
+  // The saves that have committed by now and were not reported yet, oldest first (the
+  // directory is pruned after each commit); rethrows the failure of the save in flight
+  // if it failed.
+  std::vector<SaveReport> poll();
+  // The same, after waiting for the save in flight to end.
+  std::vector<SaveReport> wait();
+
+  // Loads the newest committed checkpoint (rank 0's choice) into `state` with dcp::load
+  // and returns its step; nothing, and `state` unchanged, if there is none.
+  std::optional<int64_t> restore(StateDict& state, LoadOptions options = {});
+
+ private:
+  struct Pending;
+  // Waits for the save in flight to commit, prunes, and queues its report.
+  void finish();
+  void prune() const;
+
+  std::string directory_;
+  CheckpointManagerOptions options_;
+  std::optional<dist::ProcessGroup> group_;
+  DefaultStager stager_;
+  std::unique_ptr<Pending> pending_;
+  std::vector<SaveReport> unreported_;
+  int64_t last_saved_step_ = -1;
+};
+
+}  // namespace stowage::dcp

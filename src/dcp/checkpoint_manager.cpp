@@ -1,0 +1,200 @@
+#include <stowage/dcp/checkpoint_manager.h>
+#include <stowage/dcp/metadata.h>
+#include <stowage/error.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <thread>
+#include <utility>
+
+namespace stowage::dcp {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr const char* kStepPrefix = "step-";
+
+// N of a directory named step-<N> (digits only), or nothing.
+std::optional<int64_t> step_of(const std::string& name) {
+  const size_t prefix = std::char_traits<char>::length(kStepPrefix);
+  if (name.rfind(kStepPrefix, 0) != 0) return std::nullopt;
+  const std::string digits = name.substr(prefix);
+  if (digits.empty() || digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) {
+    return std::nullopt;
+  }
+  return std::stoll(digits);
+}
+
+double seconds_between(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+}  // namespace
+
+// The save in flight. Its writer must outlive the save: destroying it waits for the
+// save (FileSystemWriter's destructor), after the watcher has been joined.
+struct CheckpointManager::Pending {
+  int64_t step = 0;
+  std::string path;
+  Clock::time_point started;
+  double blocked_s = 0;
+  bool staged = false;
+  std::unique_ptr<FileSystemWriter> writer;
+  AsyncSaveResponse response;
+  // Timestamps the commit the moment it happens.
+  std::thread watcher;
+  Clock::time_point committed;
+
+  ~Pending() {
+    if (watcher.joinable()) watcher.join();
+  }
+};
+
+CheckpointManager::CheckpointManager(std::string directory, CheckpointManagerOptions options,
+                                     std::optional<dist::ProcessGroup> group)
+    : directory_(std::move(directory)), options_(options), group_(std::move(group)) {
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"save_every", options_.save_every()},
+                                    {"keep_last", options_.keep_last()},
+                                    {"keep_every", options_.keep_every()}}) {
+    if (value < 0) throw InvalidArgument(fmt::format("CheckpointManager: {} must be >= 0, got {}", name, value));
+  }
+  fs::create_directories(directory_);
+  if (!group_ || group_->rank() == 0) {
+    // One job per directory: nothing uncommitted here can be a save in flight.
+    for (const ManagedCheckpoint& checkpoint : list()) {
+      if (!checkpoint.committed) fs::remove_all(checkpoint.path);
+    }
+  }
+  if (group_) group_->barrier();
+}
+
+CheckpointManager::~CheckpointManager() = default;
+
+std::string CheckpointManager::checkpoint_path(int64_t step) const {
+  return (fs::path(directory_) / fmt::format("{}{:08d}", kStepPrefix, step)).string();
+}
+
+std::vector<ManagedCheckpoint> list_checkpoints(const std::string& directory) {
+  std::vector<ManagedCheckpoint> found;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(directory, error)) {
+    const std::optional<int64_t> step = step_of(entry.path().filename().string());
+    if (!step || !entry.is_directory()) continue;
+    found.push_back(ManagedCheckpoint{*step, entry.path().string(), fs::exists(entry.path() / kMetadataFileName)});
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
+  return found;
+}
+
+std::vector<ManagedCheckpoint> CheckpointManager::list() const {
+  return list_checkpoints(directory_);
+}
+
+std::optional<ManagedCheckpoint> CheckpointManager::latest() const {
+  const std::vector<ManagedCheckpoint> all = list();
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (it->committed) return *it;
+  }
+  return std::nullopt;
+}
+
+bool CheckpointManager::should_save(int64_t step) const {
+  return options_.save_every() > 0 && step % options_.save_every() == 0;
+}
+
+bool CheckpointManager::save(int64_t step, const StateDict& state, bool force) {
+  if (!force && !should_save(step)) return false;
+  if (step <= last_saved_step_) {
+    throw InvalidArgument(fmt::format("CheckpointManager: cannot save step {}: step {} is saved already", step,
+                                      last_saved_step_));
+  }
+  finish();  // one save in flight at a time
+  auto pending = std::make_unique<Pending>();
+  pending->step = step;
+  pending->path = checkpoint_path(step);
+  pending->writer = std::make_unique<FileSystemWriter>(pending->path);
+  pending->started = Clock::now();
+  pending->response = async_save(state, *pending->writer, &stager_, {}, group_);
+  pending->blocked_s = seconds_between(pending->started, Clock::now());
+  pending->watcher = std::thread([upload = pending->response.upload_completion, &committed = pending->committed] {
+    upload.wait();
+    committed = Clock::now();
+  });
+  pending_ = std::move(pending);
+  last_saved_step_ = step;
+  return true;
+}
+
+void CheckpointManager::wait_for_staging() {
+  if (!pending_ || pending_->staged) return;
+  const auto start = Clock::now();
+  pending_->staged = true;
+  pending_->response.staging_completion.wait();
+  pending_->blocked_s += seconds_between(start, Clock::now());
+}
+
+void CheckpointManager::finish() {
+  if (!pending_) return;
+  wait_for_staging();
+  std::unique_ptr<Pending> pending = std::move(pending_);
+  pending->watcher.join();
+  const Metadata metadata = pending->response.upload_completion.get();  // rethrows a failed save
+  SaveReport report;
+  report.step = pending->step;
+  report.path = pending->path;
+  report.blocked_s = pending->blocked_s;
+  report.commit_s = seconds_between(pending->started, pending->committed);
+  for (const EntryMetadata& entry : metadata.entries) {
+    for (const TensorChunk& chunk : entry.chunks) report.bytes += chunk.location.length;
+  }
+  pending.reset();
+  unreported_.push_back(report);
+  if (!group_ || group_->rank() == 0) prune();
+}
+
+std::vector<SaveReport> CheckpointManager::poll() {
+  if (pending_ &&
+      pending_->response.upload_completion.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+    finish();
+  }
+  return std::exchange(unreported_, {});
+}
+
+std::vector<SaveReport> CheckpointManager::wait() {
+  finish();
+  return std::exchange(unreported_, {});
+}
+
+void CheckpointManager::prune() const {
+  const std::vector<ManagedCheckpoint> all = list();
+  const std::optional<ManagedCheckpoint> newest = latest();
+  int64_t committed_seen = 0;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    // An uncommitted one newer than the newest commit is left alone: none can be in
+    // flight here, but removing only older ones keeps this safe to run at any time.
+    const bool stale_partial = !it->committed && newest && it->step < newest->step;
+    const bool kept_for_good = options_.keep_every() > 0 && it->step % options_.keep_every() == 0;
+    const bool beyond_keep = it->committed && ++committed_seen > options_.keep_last() && options_.keep_last() > 0;
+    if (stale_partial || (beyond_keep && !kept_for_good)) fs::remove_all(it->path);
+  }
+}
+
+std::optional<int64_t> CheckpointManager::restore(StateDict& state, LoadOptions options) {
+  // Rank 0 picks the checkpoint, so that every rank loads the same one.
+  std::string path;
+  if (!group_ || group_->rank() == 0) {
+    if (const std::optional<ManagedCheckpoint> newest = latest()) path = newest->path;
+  }
+  if (group_) path = group_->broadcast(path, 0);
+  if (path.empty()) return std::nullopt;
+  load(state, path, options, group_);
+  const std::optional<int64_t> step = step_of(fs::path(path).filename().string());
+  TORCH_INTERNAL_ASSERT(step, "restored checkpoint ", path, " has no step in its name");
+  last_saved_step_ = std::max(last_saved_step_, *step);
+  return step;
+}
+
+}  // namespace stowage::dcp

@@ -1,0 +1,31 @@
+#include <stowage/dcp/verify.h>
+#include <stowage/error.h>
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+namespace stowage::dcp {
+
+VerifyReport verify(StorageReader& reader) {
+  VerifyReport report;
+  try {
+    const Metadata metadata = reader.read_metadata();
+    for (const EntryMetadata& entry : metadata.entries) {
+      for (const TensorChunk& chunk : entry.chunks) {
+        std::vector<ChunkRead> reads(1);
+        reads[0].entry = &entry;
+        reads[0].chunk = &chunk;
+        reads[0].buffer = at::empty({chunk.location.length}, at::kByte);
+        reader.read_data(reads);
+        ++report.chunks_verified;
+        report.bytes_verified += chunk.location.length;
+      }
+    }
+  } catch (const Error& e) {
+    report.error = e.what();
+  }
+  return report;
+}
+
+}  // namespace stowage::dcp

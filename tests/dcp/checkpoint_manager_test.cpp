@@ -1,0 +1,200 @@
+// CheckpointManager over real directories: what it saves and keeps, what it restores,
+// the snapshot taken before the caller changes the state, failures, two ranks; and
+// dcp::verify of a good and a corrupt checkpoint.
+
+#include "dcp/test_util.h"
+
+#include <stowage/dcp/checkpoint_manager.h>
+#include <stowage/dcp/verify.h>
+#include <stowage/error.h>
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <vector>
+
+namespace stowage::dcp {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using testing::data_files;
+using testing::metadata_path;
+using testing::read_file;
+using testing::ScratchDir;
+using testing::write_file;
+
+std::vector<int64_t> committed_steps(const std::string& directory) {
+  std::vector<int64_t> steps;
+  for (const ManagedCheckpoint& checkpoint : list_checkpoints(directory)) {
+    if (checkpoint.committed) steps.push_back(checkpoint.step);
+  }
+  return steps;
+}
+
+// A training loop's state: "w" holds the step it was updated at.
+StateDict step_state(const at::Tensor& w) {
+  StateDict state;
+  state.insert("w", w);
+  return state;
+}
+
+TEST(DcpCheckpointManager, SavesEveryKStepsAndKeepsTheLastNAndEveryMth) {
+  const ScratchDir dir;
+  CheckpointManager manager(dir.sub("run"), CheckpointManagerOptions().save_every(2).keep_last(2).keep_every(4));
+  at::Tensor w = torch::zeros({1000});
+  std::vector<int64_t> reported;
+  for (int64_t step = 1; step <= 10; ++step) {
+    manager.wait_for_staging();  // before the update changes what the save copies
+    w.fill_(static_cast<double>(step));
+    EXPECT_EQ(manager.save(step, step_state(w)), step % 2 == 0);
+    for (const SaveReport& save : manager.poll()) reported.push_back(save.step);
+  }
+  for (const SaveReport& save : manager.wait()) {
+    reported.push_back(save.step);
+    EXPECT_EQ(save.bytes, 4000);
+    EXPECT_EQ(save.path, manager.checkpoint_path(save.step));
+    EXPECT_GT(save.commit_s, 0);
+  }
+  EXPECT_THAT(reported, ElementsAre(2, 4, 6, 8, 10));
+  EXPECT_THAT(committed_steps(dir.sub("run")), ElementsAre(4, 8, 10));
+  ASSERT_TRUE(manager.latest());
+  EXPECT_EQ(manager.latest()->step, 10);
+  EXPECT_EQ(manager.checkpoint_path(10), dir.sub("run") + "/step-00000010");
+}
+
+TEST(DcpCheckpointManager, ASaveHoldsTheStateAsItWasWhenSaveWasCalled) {
+  const ScratchDir dir;
+  CheckpointManager manager(dir.path(), CheckpointManagerOptions().save_every(1));
+  at::Tensor w = torch::full({1 << 16}, 1.0);
+  manager.save(1, step_state(w));
+  manager.wait_for_staging();
+  w.fill_(2.0);  // the next step's update
+  manager.wait();
+  StateDict loaded = step_state(torch::zeros({1 << 16}));
+  EXPECT_EQ(manager.restore(loaded), 1);
+  EXPECT_TRUE(torch::equal(loaded.at("w").toTensor(), torch::full({1 << 16}, 1.0)));
+}
+
+TEST(DcpCheckpointManager, RestoresTheNewestCommittedCheckpointAndRemovesLeftovers) {
+  const ScratchDir dir;
+  {
+    CheckpointManager manager(dir.path(), CheckpointManagerOptions().save_every(1).keep_last(0));
+    for (int64_t step = 1; step <= 3; ++step) manager.save(step, step_state(torch::full({8}, double(step))));
+    manager.wait();
+  }
+  // The remains of a save that never committed, newer than the last commit.
+  std::filesystem::create_directories(dir.sub("step-00000004"));
+  write_file(dir.sub("step-00000004/data-0-0"), "partial");
+  std::filesystem::create_directories(dir.sub("not-a-step"));
+  EXPECT_EQ(list_checkpoints(dir.path()).size(), 4u);  // listing changes nothing
+  EXPECT_FALSE(list_checkpoints(dir.path()).back().committed);
+
+  CheckpointManager manager(dir.path(), CheckpointManagerOptions().save_every(1));
+  EXPECT_THAT(committed_steps(dir.path()), ElementsAre(1, 2, 3));
+  EXPECT_EQ(list_checkpoints(dir.path()).size(), 3u);
+  EXPECT_TRUE(std::filesystem::exists(dir.sub("not-a-step")));
+  StateDict state = step_state(torch::zeros({8}));
+  EXPECT_EQ(manager.restore(state), 3);
+  EXPECT_TRUE(torch::equal(state.at("w").toTensor(), torch::full({8}, 3.0)));
+  // Saving continues after the restored step only.
+  EXPECT_THROW(manager.save(3, state), InvalidArgument);
+  EXPECT_TRUE(manager.save(4, state));
+  manager.wait();
+
+  const ScratchDir empty;
+  CheckpointManager fresh(empty.path());
+  StateDict untouched = step_state(torch::zeros({8}));
+  EXPECT_EQ(fresh.restore(untouched), std::nullopt);
+  EXPECT_TRUE(torch::equal(untouched.at("w").toTensor(), torch::zeros({8})));
+}
+
+TEST(DcpCheckpointManager, AFailedSaveIsReportedOnceAndKeepsThePreviousCheckpoints) {
+  const ScratchDir dir;
+  CheckpointManager manager(dir.path(), CheckpointManagerOptions().save_every(1).keep_last(1));
+  manager.save(1, step_state(torch::full({8}, 1.0)));
+  manager.wait();
+  StateDict bad;
+  bad.insert("w", at::Tensor());
+  try {
+    manager.save(2, bad);
+    manager.wait();
+    ADD_FAILURE() << "saved an undefined tensor";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("'w'"));
+  }
+  EXPECT_TRUE(manager.wait().empty());  // reported once
+  EXPECT_THAT(committed_steps(dir.path()), ElementsAre(1));
+  StateDict state = step_state(torch::zeros({8}));
+  EXPECT_EQ(manager.restore(state), 1);
+  EXPECT_TRUE(torch::equal(state.at("w").toTensor(), torch::full({8}, 1.0)));
+}
+
+TEST(DcpCheckpointManager, NegativeOptionsAreRefusedByName) {
+  const ScratchDir dir;
+  try {
+    CheckpointManager(dir.path(), CheckpointManagerOptions().keep_last(-1));
+    ADD_FAILURE() << "accepted keep_last -1";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("keep_last must be >= 0, got -1"));
+  }
+  EXPECT_THROW(CheckpointManager(dir.path(), CheckpointManagerOptions().save_every(-2)), InvalidArgument);
+}
+
+TEST(DcpCheckpointManager, TwoRanksSaveAndRestoreTogether) {
+  const ScratchDir dir;
+  stowage::testing::run_ranks(2, [&](const dist::ProcessGroup& group) {
+    const double rank = static_cast<double>(group.rank());
+    {
+      CheckpointManager manager(dir.path(), CheckpointManagerOptions().save_every(1).keep_last(1), group);
+      for (int64_t step = 1; step <= 3; ++step) {
+        StateDict state = step_state(torch::full({8}, double(step)));
+        state.insert(fmt::format("rank{}", group.rank()), torch::full({4}, rank + 10 * step));
+        manager.save(step, state);
+      }
+      manager.wait();
+    }
+    CheckpointManager manager(dir.path(), {}, group);
+    StateDict state = step_state(torch::zeros({8}));
+    state.insert(fmt::format("rank{}", group.rank()), torch::zeros({4}));
+    EXPECT_EQ(manager.restore(state), 3);
+    EXPECT_TRUE(torch::equal(state.at("w").toTensor(), torch::full({8}, 3.0)));
+    EXPECT_TRUE(torch::equal(state.at(fmt::format("rank{}", group.rank())).toTensor(), torch::full({4}, rank + 30)));
+  });
+  EXPECT_THAT(committed_steps(dir.path()), ElementsAre(3));
+}
+
+TEST(DcpVerify, AGoodCheckpointVerifiesEveryChunkAndACorruptOneNamesTheEntry) {
+  const ScratchDir dir;
+  StateDict state;
+  state.insert("a", torch::arange(256, torch::kFloat));
+  state.insert("b", torch::ones({64}, torch::kDouble));
+  save(state, dir.path());
+  FileSystemReader reader(dir.path());
+  const VerifyReport good = verify(reader);
+  EXPECT_TRUE(good.ok()) << good.error;
+  EXPECT_EQ(good.chunks_verified, 2);
+  EXPECT_EQ(good.bytes_verified, 256 * 4 + 64 * 8);
+
+  for (const std::string& name : data_files(dir.path())) {
+    std::string bytes = read_file(dir.sub(name));
+    for (char& byte : bytes) byte = static_cast<char>(byte ^ 0x5a);
+    write_file(dir.sub(name), bytes);
+  }
+  FileSystemReader corrupt_reader(dir.path());
+  const VerifyReport corrupt = verify(corrupt_reader);
+  EXPECT_FALSE(corrupt.ok());
+  EXPECT_EQ(corrupt.chunks_verified, 0);
+  EXPECT_THAT(corrupt.error, ::testing::AnyOf(HasSubstr("'a'"), HasSubstr("'b'")));
+
+  std::filesystem::remove(metadata_path(dir.path()));
+  FileSystemReader uncommitted_reader(dir.path());
+  const VerifyReport uncommitted = verify(uncommitted_reader);
+  EXPECT_FALSE(uncommitted.ok());
+  EXPECT_EQ(uncommitted.chunks_verified, 0);
+}
+
+}  // namespace
+}  // namespace stowage::dcp

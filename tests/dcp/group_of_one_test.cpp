@@ -1,0 +1,50 @@
+// The distributed save and load steps with a group of one: their errors travel as
+// CheckpointError, and a failed one changes nothing.
+
+#include "dcp/test_util.h"
+
+#include <stowage/error.h>
+
+#include <gtest/gtest.h>
+
+namespace stowage::dcp {
+namespace {
+
+using testing::ScratchDir;
+
+TEST(DcpGroupOfOne, ErrorsOfAGroupSaveOrLoadAreCheckpointErrorsAndChangeNothing) {
+  const ScratchDir dir;
+  const dist::ProcessGroup group = dist::init_process_group("127.0.0.1", testing::free_port(), 0, 1,
+                                                      dist::ProcessGroupOptions().timeout(std::chrono::seconds(20)));
+  StateDict state;
+  state.insert("w", torch::ones({4}));
+  save(state, dir.path(), group);
+
+  StateDict bad;
+  bad.insert("w", torch::Tensor());
+  try {
+    save(bad, dir.path(), group);
+    ADD_FAILURE() << "saved an undefined tensor";
+  } catch (const CheckpointError& e) {
+    EXPECT_EQ(e.step(), "plan");
+    ASSERT_EQ(e.failures().count(0), 1u);
+    EXPECT_NE(e.failures().at(0).find("'w'"), std::string::npos) << e.what();
+  }
+  StateDict target;
+  target.insert("w", torch::zeros({5}));
+  EXPECT_THROW(load(target, dir.path(), {}, group), CheckpointError);
+  EXPECT_TRUE(torch::equal(target.at("w").toTensor(), torch::zeros({5})));
+  target.insert_or_assign("w", torch::zeros({4}));
+  load(target, dir.path(), {}, group);  // the first save is still the checkpoint
+  EXPECT_TRUE(torch::equal(target.at("w").toTensor(), torch::ones({4})));
+
+  // async_save on a group: the error reaches the futures, not the caller.
+  FileSystemWriter writer(dir.path());
+  const AsyncSaveResponse response = async_save(bad, writer, nullptr, {}, group);
+  EXPECT_THROW(response.upload_completion.get(), CheckpointError);
+  const AsyncSaveResponse good = async_save(state, writer, nullptr, {}, group);
+  EXPECT_EQ(good.upload_completion.get().world_size, 1);
+}
+
+}  // namespace
+}  // namespace stowage::dcp

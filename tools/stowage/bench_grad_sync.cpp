@@ -1,0 +1,96 @@
+// `stowage bench grad-sync`: data parallelism's gradient averaging with the all-reduces
+// overlapped with backward, after it, and not at all, on --nproc local ranks.
+#include "cli_numbers.h"
+#include "commands.h"
+
+#include <bench_util.h>
+#include <grad_sync_bench.h>
+
+#include <stowage/dist/process_group.h>
+#include <stowage/error.h>
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include <stdlib.h>
+
+namespace stowage::cli {
+namespace {
+
+struct GradSyncCommand {
+  bench::GradSyncBenchConfig config;
+  int nproc = 2;
+  bool json = false;
+  bool as_rank = false;
+  std::string result_file;  // where rank 0 of --as-rank writes its result
+};
+
+// Starts --nproc ranks of this tool and returns rank 0's result.
+bench::GradSyncBenchResult run_ranks(const GradSyncCommand& command) {
+  std::string scratch = bench::temp_directory() + "/stowage-bench-grad-sync-XXXXXX";
+  if (mkdtemp(scratch.data()) == nullptr) throw Error("bench grad-sync: cannot create a scratch directory");
+  const std::string result_file = scratch + "/result.json";
+  const bench::GradSyncBenchConfig& c = command.config;
+  const int status = launch_ranks(
+      command.nproc, 0, std::chrono::seconds(10),
+      {executable_path(), "bench", "grad-sync", "--as-rank", "--result-file", result_file, "--blocks",
+       std::to_string(c.blocks), "--width", std::to_string(c.width), "--batch", std::to_string(c.batch), "--steps",
+       std::to_string(c.steps), "--bucket-cap-mb", fmt::format("{}", c.bucket_cap_mb), "--threads",
+       std::to_string(c.threads)});
+  std::ifstream in(result_file);
+  const nlohmann::json result = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  std::error_code ignored;
+  std::filesystem::remove_all(scratch, ignored);
+  if (status != 0 || result.is_discarded()) {
+    throw Error(fmt::format("bench grad-sync: the {}-rank run failed (status {})", command.nproc, status));
+  }
+  return bench::grad_sync_result_from_json(result);
+}
+
+}  // namespace
+
+void add_bench_grad_sync(CLI::App& bench) {
+  CLI::App* cmd = bench.add_subcommand(
+      "grad-sync", "Gradient averaging over local ranks: all-reduce overlapped with backward, after it, and none");
+  auto command = std::make_shared<GradSyncCommand>();
+  cmd->add_option("--nproc", command->nproc, "local ranks (processes, c10d Gloo)")
+      ->check(integer_in(2, 64))
+      ->capture_default_str();
+  cmd->add_option("--blocks", command->config.blocks, "Linear + GELU blocks of the MLP")
+      ->check(positive_integer<int64_t>())
+      ->capture_default_str();
+  cmd->add_option("--width", command->config.width, "the blocks' width")
+      ->check(positive_integer<int64_t>())
+      ->capture_default_str();
+  cmd->add_option("--batch", command->config.batch, "rows per rank and step")
+      ->check(positive_integer<int64_t>())
+      ->capture_default_str();
+  cmd->add_option("--steps", command->config.steps, "timed steps per mode")
+      ->check(positive_integer<int>())
+      ->capture_default_str();
+  cmd->add_option("--bucket-cap-mb", command->config.bucket_cap_mb, "gradient bucket size in MiB")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--threads", command->config.threads, "intra-op threads per rank")
+      ->check(positive_integer<int>())
+      ->capture_default_str();
+  cmd->add_flag("--json", command->json, "print one JSON object");
+  // Internal: how the ranks are run.
+  cmd->add_flag("--as-rank", command->as_rank)->group("");
+  cmd->add_option("--result-file", command->result_file)->group("");
+  cmd->callback([command] {
+    if (command->as_rank) {
+      const dist::ProcessGroup group = dist::init_process_group_from_env();
+      const bench::GradSyncBenchResult result = bench::run_grad_sync_rank(command->config, group);
+      if (group.rank() == 0) std::ofstream(command->result_file) << bench::to_json(result).dump() << "\n";
+      return;
+    }
+    const bench::GradSyncBenchResult result = run_ranks(*command);
+    std::cout << (command->json ? bench::to_json(result).dump() + "\n" : bench::to_text(result));
+  });
+}
+
+}  // namespace stowage::cli
