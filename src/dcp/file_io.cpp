@@ -58,7 +58,7 @@ void File::close() {
 
 File File::create(const std::string& path) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) throw_errno(fmt::format("cannot create '{}'", path), errno);
+  if (fd < 0) throw_io_error(fmt::format("cannot create '{}'", path), path, "create", errno);
   return File(fd, path);
 }
 
@@ -68,12 +68,12 @@ File File::open_for_reading(const std::string& path) {
   // swapped in between the two calls.
   refuse_special_file(path);
   const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) throw_errno(fmt::format("cannot open '{}'", path), errno);
+  if (fd < 0) throw_io_error(fmt::format("cannot open '{}'", path), path, "open", errno);
   File file(fd, path);
   struct stat info {};
-  if (::fstat(fd, &info) != 0) throw_errno(fmt::format("cannot stat '{}'", path), errno);
+  if (::fstat(fd, &info) != 0) throw_io_error(fmt::format("cannot stat '{}'", path), path, "stat", errno);
   if (!S_ISREG(info.st_mode)) throw not_a_regular_file(path, info.st_mode);
-  if (::fcntl(fd, F_SETFL, 0) != 0) throw_errno(fmt::format("cannot open '{}'", path), errno);
+  if (::fcntl(fd, F_SETFL, 0) != 0) throw_io_error(fmt::format("cannot open '{}'", path), path, "open", errno);
   return file;
 }
 
@@ -83,7 +83,7 @@ void File::write_at(const void* data, int64_t length, int64_t offset) const {
     const ssize_t n = ::pwrite(fd_, p, static_cast<size_t>(std::min<int64_t>(length, int64_t(1) << 30)), offset);
     if (n < 0) {
       if (errno == EINTR) continue;
-      throw_errno(fmt::format("cannot write '{}' at offset {}", path_, offset), errno);
+      throw_io_error(fmt::format("cannot write '{}' at offset {}", path_, offset), path_, "write", errno);
     }
     p += n;
     offset += n;
@@ -97,9 +97,9 @@ void File::read_at(void* data, int64_t length, int64_t offset) const {
     const ssize_t n = ::pread(fd_, p, static_cast<size_t>(std::min<int64_t>(length, int64_t(1) << 30)), offset);
     if (n < 0) {
       if (errno == EINTR) continue;
-      throw_errno(fmt::format("cannot read '{}' at offset {}", path_, offset), errno);
+      throw_io_error(fmt::format("cannot read '{}' at offset {}", path_, offset), path_, "read", errno);
     }
-    if (n == 0) throw Error(fmt::format("short read: '{}' ends at offset {}", path_, offset));
+    if (n == 0) throw CorruptionError(fmt::format("short read: '{}' ends at offset {}", path_, offset), "", path_, offset);
     p += n;
     offset += n;
     length -= n;
@@ -108,7 +108,7 @@ void File::read_at(void* data, int64_t length, int64_t offset) const {
 
 int64_t File::size() const {
   struct stat info {};
-  if (::fstat(fd_, &info) != 0) throw_errno(fmt::format("cannot stat '{}'", path_), errno);
+  if (::fstat(fd_, &info) != 0) throw_io_error(fmt::format("cannot stat '{}'", path_), path_, "stat", errno);
   return static_cast<int64_t>(info.st_size);
 }
 
@@ -123,7 +123,7 @@ void File::start_writeback(int64_t offset, int64_t length) const {
 }
 
 void File::sync() const {
-  if (::fsync(fd_) != 0) throw_errno(fmt::format("cannot fsync '{}'", path_), errno);
+  if (::fsync(fd_) != 0) throw_io_error(fmt::format("cannot fsync '{}'", path_), path_, "fsync", errno);
 }
 
 std::string join_path(const std::string& directory, const std::string& name) {
@@ -139,7 +139,7 @@ void refuse_special_file(const std::string& path) {
   struct stat info {};
   if (::lstat(path.c_str(), &info) != 0) {
     if (errno == ENOENT) return;
-    throw_errno(fmt::format("cannot stat '{}'", path), errno);
+    throw_io_error(fmt::format("cannot stat '{}'", path), path, "stat", errno);
   }
   if (!S_ISREG(info.st_mode)) throw not_a_regular_file(path, info.st_mode);
 }
@@ -153,7 +153,7 @@ std::string read_text_file(const std::string& path) {
 
 void sync_directory(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) throw_errno(fmt::format("cannot open directory '{}'", path), errno);
+  if (fd < 0) throw_io_error(fmt::format("cannot open directory '{}'", path), path, "open", errno);
   const File directory(fd, path);
   directory.sync();
 }
@@ -161,7 +161,10 @@ void sync_directory(const std::string& path) {
 void create_directories(const std::string& path) {
   std::error_code error;
   std::filesystem::create_directories(path, error);
-  if (error) throw Error(fmt::format("cannot create checkpoint directory '{}': {}", path, error.message()));
+  if (error) {
+    throw IoError(fmt::format("cannot create checkpoint directory '{}': {}", path, error.message()), path, "mkdir",
+                  error.value());
+  }
   if (!std::filesystem::is_directory(path)) {
     throw Error(fmt::format("checkpoint path '{}' exists and is not a directory", path));
   }

@@ -10,6 +10,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <cstring>
 #include <exception>
@@ -52,9 +53,11 @@ void check_chunk_ranges(const std::string& path, const Metadata& metadata,
       if (location.length == 0) continue;  // reads nothing; may sit past the file's end
       const int64_t size = file_sizes.at(location.file);
       if (location.offset > size || location.length > size - location.offset) {
-        throw Error(fmt::format("checkpoint '{}': entry '{}': data file '{}' is truncated: it has {} bytes, the chunk "
-                                "needs bytes {} to {}",
-                                path, entry.fqn, location.file, size, location.offset, location.offset + location.length));
+        throw CorruptionError(
+            fmt::format("checkpoint '{}': entry '{}': data file '{}' is truncated: it has {} bytes, the chunk needs "
+                        "bytes {} to {}",
+                        path, entry.fqn, location.file, size, location.offset, location.offset + location.length),
+            entry.fqn, detail::join_path(path, location.file), size);
       }
       ranges[location.file].push_back(Range{location.offset, location.offset + location.length, &entry.fqn});
     }
@@ -63,9 +66,11 @@ void check_chunk_ranges(const std::string& path, const Metadata& metadata,
     std::sort(list.begin(), list.end(), [](const Range& a, const Range& b) { return a.offset < b.offset; });
     for (size_t i = 1; i < list.size(); ++i) {
       if (list[i].offset < list[i - 1].end) {
-        throw Error(fmt::format("checkpoint '{}': entries '{}' and '{}': their chunks overlap in data file '{}' "
-                                "(bytes {} and {})",
-                                path, *list[i - 1].fqn, *list[i].fqn, file, list[i - 1].offset, list[i].offset));
+        throw CorruptionError(fmt::format("checkpoint '{}': entries '{}' and '{}': their chunks overlap in data file "
+                                          "'{}' (bytes {} and {})",
+                                          path, *list[i - 1].fqn, *list[i].fqn, file, list[i - 1].offset,
+                                          list[i].offset),
+                              *list[i].fqn, detail::join_path(path, file), list[i].offset);
       }
     }
   }
@@ -89,7 +94,8 @@ Metadata FileSystemReader::read_metadata() {
   constexpr int kMaxAttempts = 100;
   for (int attempt = 1;; ++attempt) {
     if (!detail::file_exists(metadata_path)) {
-      throw Error(fmt::format("'{}' holds no checkpoint: its metadata file {} is missing", path_, kMetadataFileName));
+      throw IoError(fmt::format("'{}' holds no checkpoint: its metadata file {} is missing", path_, kMetadataFileName),
+                    metadata_path, "open", ENOENT);
     }
     Metadata metadata = decode_metadata(detail::read_text_file(metadata_path), metadata_path);
     const auto first_user = [&](const std::string& name) -> std::string {
@@ -108,14 +114,15 @@ Metadata FileSystemReader::read_metadata() {
       try {
         open->file = detail::File::open_for_reading(file_path);
         open->size = open->file.size();
-      } catch (const Error& e) {
+      } catch (const Error&) {
         // Gone, possibly between listing and opening: the checkpoint may have been replaced.
         if (!detail::file_exists(file_path)) {
           missing = name;
           break;
         }
-        throw Error(fmt::format("checkpoint '{}': entry '{}': data file '{}': {}", path_, first_user(name), name,
-                                e.what()));
+        detail::rethrow_in_context(fmt::format("checkpoint '{}': entry '{}': data file '{}': ", path_, first_user(name),
+                                               name),
+                                   first_user(name));
       }
       files.emplace(name, std::move(open));
     }
@@ -130,8 +137,9 @@ Metadata FileSystemReader::read_metadata() {
                           decode_metadata(detail::read_text_file(metadata_path), metadata_path).save_id !=
                               metadata.save_id;
     if (replaced && attempt < kMaxAttempts) continue;
-    throw Error(fmt::format("checkpoint '{}': entry '{}': its data file '{}' is missing", path_, first_user(missing),
-                            missing));
+    throw CorruptionError(fmt::format("checkpoint '{}': entry '{}': its data file '{}' is missing", path_,
+                                      first_user(missing), missing),
+                          first_user(missing), detail::join_path(path_, missing));
   }
 }
 
@@ -193,15 +201,16 @@ void FileSystemReader::run_reads(std::vector<ChunkRead>& reads, bool verify_only
     const StorageLocation& location = read.chunk->location;
     const auto it = files_.find(location.file);
     if (it == files_.end()) {
-      throw Error(fmt::format("checkpoint '{}': entry '{}': data file '{}' was not opened by read_metadata()", path_,
-                              read.entry->fqn, location.file));
+      throw InvalidArgument(fmt::format("checkpoint '{}': entry '{}': data file '{}' was not opened by read_metadata()",
+                                        path_, read.entry->fqn, location.file));
     }
     OpenFile& open = *it->second;
     if (location.length > 0 && !open.mapping) {
       try {
         open.mapping = std::make_unique<detail::MappedFile>(open.file, open.size);
-      } catch (const Error& e) {
-        throw Error(fmt::format("checkpoint '{}': entry '{}': {}", path_, read.entry->fqn, e.what()));
+      } catch (const Error&) {
+        detail::rethrow_in_context(fmt::format("checkpoint '{}': entry '{}': ", path_, read.entry->fqn),
+                                   read.entry->fqn);
       }
     }
   }
@@ -220,8 +229,9 @@ void FileSystemReader::run_reads(std::vector<ChunkRead>& reads, bool verify_only
     // The mapping covers the file's first open.size bytes: nothing outside them is read.
     if (location.offset < 0 || location.length < 0 || location.offset > open.size ||
         location.length > open.size - location.offset) {
-      throw Error(fmt::format("{} is truncated: it has {} bytes, the chunk needs bytes {} to {}", where(), open.size,
-                              location.offset, location.offset + location.length));
+      throw CorruptionError(fmt::format("{} is truncated: it has {} bytes, the chunk needs bytes {} to {}", where(),
+                                        open.size, location.offset, location.offset + location.length),
+                            read.entry->fqn, open.file.path(), open.size);
     }
     const int64_t element_bytes = element_size(read.entry->dtype);
     const ChunkBox region = read.region.value_or(
@@ -241,7 +251,8 @@ void FileSystemReader::run_reads(std::vector<ChunkRead>& reads, bool verify_only
       }
     }
     if (detail::checked_volume(chunk_sizes, read.entry->fqn) * element_bytes != location.length) {
-      throw Error(where() + ": the chunk's length does not match its shape");
+      throw CorruptionError(where() + ": the chunk's length does not match its shape", read.entry->fqn,
+                            open.file.path(), location.offset);
     }
     if (location.length == 0) {
       read.verified = true;
@@ -252,20 +263,24 @@ void FileSystemReader::run_reads(std::vector<ChunkRead>& reads, bool verify_only
     char* out = static_cast<char*>(read.buffer.data_ptr());
     // A guarded read of the mapping faulted: the file shrank, or the device could not
     // read a page (the kernel signals an I/O error on a mapped file the same way).
-    const auto unreadable = [&] {
+    const auto throw_unreadable = [&] {
       const int64_t size_now = open.file.size();
       if (size_now < open.size) {
-        return Error(fmt::format("{} was truncated while being read: it has {} bytes now", where(), size_now));
+        throw CorruptionError(fmt::format("{} was truncated while being read: it has {} bytes now", where(), size_now),
+                              read.entry->fqn, open.file.path(), size_now);
       }
-      return Error(fmt::format("{}: cannot read '{}': Input/output error (a page of its mapping could not be read)",
-                               where(), open.file.path()));
+      throw IoError(fmt::format("{}: cannot read '{}': Input/output error (a page of its mapping could not be read)",
+                                where(), open.file.path()),
+                    open.file.path(), "read", EIO);
     };
     const auto corrupt = [&](int64_t offset, int64_t length, uint64_t actual, uint64_t expected) {
-      return Error(fmt::format("{} is corrupt: the bytes at offset {} ({} bytes) have checksum {:016x}, expected {:016x}",
-                               where(), offset, length, actual, expected));
+      return CorruptionError(
+          fmt::format("{} is corrupt: the bytes at offset {} ({} bytes) have checksum {:016x}, expected {:016x}",
+                      where(), offset, length, actual, expected),
+          read.entry->fqn, open.file.path(), offset);
     };
     const auto copy = [&](char* destination, int64_t chunk_offset, int64_t length) {
-      if (!detail::guarded_copy(destination, chunk_bytes + chunk_offset, static_cast<size_t>(length))) throw unreadable();
+      if (!detail::guarded_copy(destination, chunk_bytes + chunk_offset, static_cast<size_t>(length))) throw_unreadable();
     };
     if (wanted == location.length) {
       // The whole chunk, checked against the chunk's checksum.
@@ -278,7 +293,7 @@ void FileSystemReader::run_reads(std::vector<ChunkRead>& reads, bool verify_only
         const int64_t piece = std::min(kChecksumBlockBytes, location.length - done);
         if (verify_only) {
           if (!detail::guarded_hash_update(state.get(), chunk_bytes + done, static_cast<size_t>(piece))) {
-            throw unreadable();
+            throw_unreadable();
           }
         } else {
           // Hash what was copied, while it is in cache: the buffer gets exactly the
@@ -309,7 +324,7 @@ void FileSystemReader::run_reads(std::vector<ChunkRead>& reads, bool verify_only
           const int64_t length = std::min(block_bytes, location.length - begin);
           const detail::HashState state = detail::new_hash_state();
           if (!detail::guarded_hash_update(state.get(), chunk_bytes + begin, static_cast<size_t>(length))) {
-            throw unreadable();
+            throw_unreadable();
           }
           const uint64_t checksum = XXH3_64bits_digest(state.get());
           const uint64_t expected = blocked ? location.block_checksums[static_cast<size_t>(block)] : location.checksum;

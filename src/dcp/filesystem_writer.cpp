@@ -95,19 +95,19 @@ struct FileSystemWriter::DirectoryLock {
 
   explicit DirectoryLock(const std::string& path) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) detail::throw_errno(fmt::format("cannot open checkpoint directory '{}'", path), errno);
+    if (fd < 0) detail::throw_io_error(fmt::format("cannot open checkpoint directory '{}'", path), path, "open", errno);
     directory = detail::File(fd, path);
   }
   bool try_exclusive() {
     while (::flock(directory.fd(), LOCK_EX | LOCK_NB) != 0) {
       if (errno == EWOULDBLOCK) return false;
-      if (errno != EINTR) detail::throw_errno(fmt::format("cannot lock '{}'", directory.path()), errno);
+      if (errno != EINTR) detail::throw_io_error(fmt::format("cannot lock '{}'", directory.path()), directory.path(), "lock", errno);
     }
     return true;
   }
   void shared() {
     while (::flock(directory.fd(), LOCK_SH) != 0) {
-      if (errno != EINTR) detail::throw_errno(fmt::format("cannot lock '{}'", directory.path()), errno);
+      if (errno != EINTR) detail::throw_io_error(fmt::format("cannot lock '{}'", directory.path()), directory.path(), "lock", errno);
     }
   }
 };
@@ -176,8 +176,8 @@ SavePlan FileSystemWriter::prepare_local_plan(SavePlan plan) {
   // (blocking, for a FIFO) or replaced by the commit: refused, before anything is written.
   try {
     detail::refuse_special_file(detail::join_path(path_, kMetadataFileName));
-  } catch (const Error& e) {
-    throw Error(fmt::format("FileSystemWriter: cannot save into '{}': {}", path_, e.what()));
+  } catch (const Error&) {
+    detail::rethrow_in_context(fmt::format("FileSystemWriter: cannot save into '{}': ", path_), "");
   }
   if (!options_.overwrite() && detail::file_exists(detail::join_path(path_, kMetadataFileName))) {
     throw InvalidArgument(fmt::format(
@@ -318,7 +318,7 @@ void FileSystemWriter::finish(const Metadata& metadata) {
         "FileSystemWriter: '{}' already holds a checkpoint and the option overwrite is off", path_));
   }
   if (std::rename(temp_path.c_str(), final_path.c_str()) != 0) {
-    detail::throw_errno(fmt::format("cannot commit checkpoint metadata '{}'", final_path), errno);
+    detail::throw_io_error(fmt::format("cannot commit checkpoint metadata '{}'", final_path), final_path, "rename", errno);
   }
   // Committed: nothing of this save may be removed any more.
   {

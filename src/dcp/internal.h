@@ -42,7 +42,12 @@ SavePlan decode_save_plan(const std::string& bytes);
 std::string encode_write_results(const std::vector<WriteResult>& results);
 std::vector<WriteResult> decode_write_results(const std::string& bytes);
 
-// "<what>: <strerror(errno)>" as an Error.
-[[noreturn]] void throw_errno(const std::string& what, int error_number);
+// Rethrows the exception in flight (an Error) with `context` before its message, keeping
+// its type and fields; a CorruptionError without an entry gets `entry`.
+[[noreturn]] void rethrow_in_context(const std::string& context, const std::string& entry);
+
+// An IoError of `operation` on `path` that says "<what>: <strerror(errno)>".
+[[noreturn]] void throw_io_error(const std::string& what, const std::string& path, const std::string& operation,
+                                 int error_number);
 
 }  // namespace stowage::dcp::detail

@@ -49,7 +49,7 @@ void install_sigbus_handler() {
     action.sa_flags = SA_SIGINFO | SA_ONSTACK;
     sigemptyset(&action.sa_mask);
     if (::sigaction(SIGBUS, &action, &previous_sigbus_action) != 0) {
-      throw_errno("cannot install the SIGBUS handler that guards reads of mapped data files", errno);
+      throw_io_error("cannot install the SIGBUS handler that guards reads of mapped data files", "", "sigaction", errno);
     }
   });
 }
@@ -80,11 +80,13 @@ MappedFile::MappedFile(const File& file, int64_t length) : length_(length) {
   install_sigbus_handler();
   const int64_t size = file.size();
   if (size < length) {
-    throw Error(fmt::format("data file '{}' is truncated: it has {} bytes, {} were there when the checkpoint was opened",
-                            file.path(), size, length));
+    throw CorruptionError(
+        fmt::format("data file '{}' is truncated: it has {} bytes, {} were there when the checkpoint was opened",
+                    file.path(), size, length),
+        "", file.path(), size);
   }
   void* data = ::mmap(nullptr, static_cast<size_t>(length), PROT_READ, MAP_SHARED, file.fd(), 0);
-  if (data == MAP_FAILED) throw_errno(fmt::format("cannot map '{}'", file.path()), errno);
+  if (data == MAP_FAILED) throw_io_error(fmt::format("cannot map '{}'", file.path()), file.path(), "mmap", errno);
   // Loads read every chunk front to back, once or twice in a row.
   ::madvise(data, static_cast<size_t>(length), MADV_SEQUENTIAL);
   data_ = static_cast<const char*>(data);

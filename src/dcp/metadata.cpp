@@ -95,8 +95,9 @@ json encode_value(const c10::IValue& value, const std::string& fqn) {
 struct Decoder {
   const std::string& origin;
 
+  // Metadata that does not say what a checkpoint's must is corrupt.
   [[noreturn]] void fail(const std::string& where, const std::string& what) const {
-    throw Error(fmt::format("checkpoint metadata {}: {}: {}", origin, where, what));
+    throw CorruptionError(fmt::format("checkpoint metadata {}: {}: {}", origin, where, what), "", origin);
   }
 
   const json& field(const json& object, const char* key, const std::string& where) const {
@@ -278,8 +279,23 @@ void check_tiling(const std::vector<int64_t>& shape, const std::vector<ChunkBox>
   }
 }
 
-void throw_errno(const std::string& what, int error_number) {
-  throw Error(fmt::format("{}: {}", what, std::strerror(error_number)));
+void rethrow_in_context(const std::string& context, const std::string& entry) {
+  try {
+    throw;
+  } catch (const IoError& e) {
+    throw IoError(context + e.what(), e.path(), e.operation(), e.error_number());
+  } catch (const CorruptionError& e) {
+    throw CorruptionError(context + e.what(), e.entry().empty() ? entry : e.entry(), e.file(), e.offset());
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(context + e.what());
+  } catch (const Error& e) {
+    throw Error(context + e.what());
+  }
+}
+
+void throw_io_error(const std::string& what, const std::string& path, const std::string& operation,
+                    int error_number) {
+  throw IoError(fmt::format("{}: {}", what, std::strerror(error_number)), path, operation, error_number);
 }
 
 }  // namespace detail
@@ -459,9 +475,10 @@ void check_chunks(const Decoder& d, const EntryMetadata& entry, const std::strin
         d.fail(where, "chunk byte range overflows");
       }
     }
+  } catch (const CorruptionError&) {
+    throw;  // the decoder's own, which names the metadata already
   } catch (const Error& e) {
-    if (std::string(e.what()).rfind("checkpoint metadata", 0) == 0) throw;
-    throw Error(fmt::format("checkpoint metadata {}: {}", d.origin, e.what()));
+    throw CorruptionError(fmt::format("checkpoint metadata {}: {}", d.origin, e.what()), entry.fqn, d.origin);
   }
 }
 
@@ -603,6 +620,17 @@ std::vector<std::string> decode_files(const Decoder& d, const json& document) {
   return files;
 }
 
+// The document's checksum field matches its content (throws CorruptionError if not).
+void check_document_checksum(const Decoder& d, json document) {
+  const std::string stored = d.string(document, kChecksumField, "header");
+  document.erase(kChecksumField);
+  const std::string computed = hex64(document_checksum(document));
+  if (stored != computed) {
+    d.fail("header", fmt::format("the metadata is corrupt: its checksum is {}, its content hashes to {}", stored,
+                                 computed));
+  }
+}
+
 }  // namespace
 
 Metadata decode_metadata(const std::string& text, const std::string& origin) {
@@ -611,7 +639,7 @@ Metadata decode_metadata(const std::string& text, const std::string& origin) {
   try {
     document = json::parse(text);
   } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers like 1e400
-    throw Error(fmt::format("checkpoint metadata {} is not valid JSON: {}", origin, e.what()));
+    throw CorruptionError(fmt::format("checkpoint metadata {} is not valid JSON: {}", origin, e.what()), "", origin);
   }
   if (!document.is_object() || d.string(document, "format", "header") != "stowage.dcp") {
     d.fail("header", "not a stowage.dcp checkpoint");
@@ -619,8 +647,11 @@ Metadata decode_metadata(const std::string& text, const std::string& origin) {
   Metadata metadata;
   metadata.version = d.integer(document, "version", "header");
   if (metadata.version < kOldestReadableFormatVersion || metadata.version > kFormatVersion) {
-    d.fail("header", fmt::format("format version {} is not supported (this build reads versions {} to {})",
-                                 metadata.version, kOldestReadableFormatVersion, kFormatVersion));
+    // Not CorruptionError: written by another version of stowage, whose checksum this
+    // build cannot judge.
+    throw Error(fmt::format("checkpoint metadata {}: header: format version {} is not supported (this build reads "
+                            "versions {} to {})",
+                            origin, metadata.version, kOldestReadableFormatVersion, kFormatVersion));
   }
   if (metadata.version >= 2 && d.integer(document, "checksum_block_bytes", "header") != kChecksumBlockBytes) {
     d.fail("header", fmt::format("checksum blocks must be {} bytes", kChecksumBlockBytes));
@@ -644,13 +675,7 @@ Metadata decode_metadata(const std::string& text, const std::string& origin) {
   // Last, so that a malformed document gets the error that says what is wrong with it.
   // Version 1 predates the field: there it is checked only when present.
   if (metadata.version == 1 && !document.contains(kChecksumField)) return metadata;
-  const std::string stored = d.string(document, kChecksumField, "header");
-  document.erase(kChecksumField);
-  const std::string computed = hex64(document_checksum(document));
-  if (stored != computed) {
-    d.fail("header", fmt::format("the metadata is corrupt: its checksum is {}, its content hashes to {}", stored,
-                                 computed));
-  }
+  check_document_checksum(d, document);
   return metadata;
 }
 

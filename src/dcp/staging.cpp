@@ -50,13 +50,12 @@ StateDict BlockingAsyncStager::stage(const StateDict& state) {
     copy_state_dict(state, staged, /*non_blocking=*/false, type_check_);
     return staged;
   }
+  if (cache_ && !state_dict_mismatch(state, *cache_, type_check_).empty()) {
+    cache_.reset();  // the structure changed: stage into new buffers below
+  }
   if (cache_) {
-    try {
-      copy_state_dict(state, *cache_, /*non_blocking=*/false, type_check_);
-      return deep_copy_structure(*cache_);
-    } catch (const InvalidArgument&) {
-      cache_.reset();  // the structure changed: stage into new buffers below
-    }
+    copy_state_dict(state, *cache_, /*non_blocking=*/false, type_check_);
+    return deep_copy_structure(*cache_);
   }
   // Pinned, like PyTorch's cached staging, where the build can pin.
   StateDict cache = create_cpu_state_dict(state, CpuStateDictOptions{/*pin_memory=*/true, /*share_memory=*/false});

@@ -11,14 +11,21 @@
 #include <thread>
 
 namespace stowage::dist {
-namespace {
+namespace detail {
 
-// A bucket's parameters' gradients, side by side in one flat tensor.
+// A bucket's parameters' gradients, side by side in one flat tensor. (Not in the
+// anonymous namespace: GradientReducer::State holds them.)
 struct Bucket {
   std::vector<size_t> params;
   std::vector<at::Tensor> slots;  // views of `flat`, one per parameter, flat-shaped
   at::Tensor flat;
 };
+
+}  // namespace detail
+
+namespace {
+
+using detail::Bucket;
 
 void check_params(const std::vector<at::Tensor>& params) {
   for (size_t i = 0; i < params.size(); ++i) {

@@ -69,47 +69,56 @@ StateDict create_cpu_state_dict(const StateDict& state, CpuStateDictOptions opti
   return unflatten_state_dict(staged);
 }
 
-void copy_state_dict(const StateDict& src, StateDict& dst, bool non_blocking, bool type_check) {
-  const FlatStateDict from = flatten_state_dict(src);
-  const FlatStateDict to = flatten_state_dict(dst);
-  // Validate everything first, so that a mismatch leaves dst untouched.
+namespace {
+
+// The first difference copy_state_dict refuses, or an empty string.
+std::string flat_mismatch(const FlatStateDict& from, const FlatStateDict& to, bool type_check) {
   for (const FlatEntry& entry : to.entries()) {
     if (!from.contains(entry.fqn)) {
-      throw InvalidArgument(fmt::format("copy_state_dict: destination entry '{}' is missing from the source",
-                                        entry.fqn));
+      return fmt::format("copy_state_dict: destination entry '{}' is missing from the source", entry.fqn);
     }
   }
   for (const FlatEntry& entry : from.entries()) {
     const FlatEntry* target = to.find(entry.fqn);
     if (target == nullptr) {
-      throw InvalidArgument(fmt::format("copy_state_dict: source entry '{}' is missing from the destination",
-                                        entry.fqn));
+      return fmt::format("copy_state_dict: source entry '{}' is missing from the destination", entry.fqn);
     }
     if (entry.path != target->path) {
-      throw InvalidArgument(fmt::format(
-          "copy_state_dict: entry '{}' has a different structure in source and destination", entry.fqn));
+      return fmt::format("copy_state_dict: entry '{}' has a different structure in source and destination", entry.fqn);
     }
     const bool src_tensor = entry.value.isTensor();
     const bool dst_tensor = target->value.isTensor();
-    if (src_tensor != dst_tensor) {
-      throw InvalidArgument(fmt::format("copy_state_dict: entry '{}' is a {} in the source but a {} in the destination",
-                                        entry.fqn, leaf_kind(entry.value), leaf_kind(target->value)));
+    if (src_tensor != dst_tensor || (!src_tensor && type_check && entry.value.tagKind() != target->value.tagKind())) {
+      return fmt::format("copy_state_dict: entry '{}' is a {} in the source but a {} in the destination", entry.fqn,
+                         leaf_kind(entry.value), leaf_kind(target->value));
     }
     if (src_tensor) {
       const at::Tensor& s = entry.value.toTensor();
       const at::Tensor& d = target->value.toTensor();
       if (!s.defined() || !d.defined()) {
-        throw InvalidArgument(fmt::format("copy_state_dict: entry '{}' is an undefined tensor", entry.fqn));
+        return fmt::format("copy_state_dict: entry '{}' is an undefined tensor", entry.fqn);
       }
       if (s.sizes() != d.sizes() || s.scalar_type() != d.scalar_type()) {
-        throw InvalidArgument(fmt::format("copy_state_dict: entry '{}' is {} in the source but {} in the destination",
-                                          entry.fqn, describe_tensor(s), describe_tensor(d)));
+        return fmt::format("copy_state_dict: entry '{}' is {} in the source but {} in the destination", entry.fqn,
+                           describe_tensor(s), describe_tensor(d));
       }
-    } else if (type_check && entry.value.tagKind() != target->value.tagKind()) {
-      throw InvalidArgument(fmt::format("copy_state_dict: entry '{}' is a {} in the source but a {} in the destination",
-                                        entry.fqn, leaf_kind(entry.value), leaf_kind(target->value)));
     }
   }
+  return {};
+}
+
+}  // namespace
+
+std::string state_dict_mismatch(const StateDict& src, const StateDict& dst, bool type_check) {
+  return flat_mismatch(flatten_state_dict(src), flatten_state_dict(dst), type_check);
+}
+
+void copy_state_dict(const StateDict& src, StateDict& dst, bool non_blocking, bool type_check) {
+  const FlatStateDict from = flatten_state_dict(src);
+  const FlatStateDict to = flatten_state_dict(dst);
+  // Validate everything first, so that a mismatch leaves dst untouched.
+  const std::string mismatch = flat_mismatch(from, to, type_check);
+  if (!mismatch.empty()) throw InvalidArgument(mismatch);
   for (const FlatEntry& entry : from.entries()) {
     if (entry.value.isTensor()) {
       at::Tensor d = to.at(entry.fqn).value.toTensor();

@@ -45,6 +45,7 @@
 #include <iostream>
 #include <stdexcept>
 #include <string>
+#include <cerrno>
 #include <unistd.h>
 
 namespace dcp = stowage::dcp;
@@ -291,16 +292,17 @@ void empty_command(const dist::ProcessGroup& group, const std::string& dir) {
 class FailingWriter : public dcp::FileSystemWriter {
  public:
   FailingWriter(const std::string& dir, bool die, int64_t culprit = 1)
-      : FileSystemWriter(dir), die_(die), culprit_(culprit) {}
+      : FileSystemWriter(dir), dir_(dir), die_(die), culprit_(culprit) {}
 
  protected:
   void on_item_written(const dcp::WriteResult& result) override {
     if (g_rank != culprit_) return;
     if (die_) _exit(3);
-    throw stowage::Error(fmt::format("injected disk failure after writing '{}'", result.fqn));
+    throw stowage::IoError(fmt::format("injected disk failure after writing '{}'", result.fqn), dir_, "write", EIO);
   }
 
  private:
+  std::string dir_;
   bool die_;
   int64_t culprit_;
 };
@@ -314,6 +316,12 @@ void fail_command(const dist::ProcessGroup& group, const std::string& dir) {
   } catch (const dcp::CheckpointError& e) {
     REQUIRE(e.step() == "write" && e.failures().size() == 1 && e.failures().count(1) == 1, "{}", e.what());
     REQUIRE(std::string(e.what()).find("injected disk failure") != std::string::npos, "{}", e.what());
+    // The rank's IoError travels with its fields.
+    const dcp::RankFailure& failure = e.failures().at(1);
+    REQUIRE(failure.kind == dcp::RankFailure::Kind::kIo && failure.operation == "write" &&
+                failure.error_number == EIO && failure.path == dir,
+            "{}: kind {}, operation '{}', errno {}, path '{}'", e.what(), static_cast<int>(failure.kind),
+            failure.operation, failure.error_number, failure.path);
   }
   group.barrier();  // every rank has cleaned up
   stowage::StateDict state = make_state(0, false);
@@ -346,6 +354,7 @@ void die_command(const dist::ProcessGroup& group, const std::string& dir, int64_
     std::cout << fmt::format("rank {} failed after {:.1f} s: {}\n", g_rank, seconds, e.what());
     REQUIRE(seconds < group.timeout().count() / 1000.0 + 5, "took {} s", seconds);
     REQUIRE(e.failures().count(dying_rank) == 1, "the dead rank {} is not named: {}", dying_rank, e.what());
+    REQUIRE(e.failures().at(dying_rank).kind == dcp::RankFailure::Kind::kUnresponsive, "{}", e.what());
   }
   // The group is out of step for good: its next collective fails at once, saying why.
   const auto again = std::chrono::steady_clock::now();
@@ -376,7 +385,7 @@ void expect_rank1_failure(const dist::ProcessGroup& group, const char* what, con
     REQUIRE(false, "{} succeeded", what);
   } catch (const dcp::CheckpointError& e) {
     REQUIRE(e.step() == step && e.failures().size() == 1 && e.failures().count(1) == 1, "{}: {}", what, e.what());
-    REQUIRE(e.failures().at(1).find(cause) != std::string::npos, "{}: {}", what, e.what());
+    REQUIRE(e.failures().at(1).message.find(cause) != std::string::npos, "{}: {}", what, e.what());
   }
   const double seconds = seconds_since(start);
   REQUIRE(seconds < group.timeout().count() / 2000.0, "{} took {:.1f} s", what, seconds);

@@ -35,8 +35,8 @@ TEST(DcpErrorMessages, ARanksC10ErrorIsReportedWithoutLibTorchsBacktrace) {
     ADD_FAILURE() << "the save did not fail";
   } catch (const CheckpointError& e) {
     ASSERT_EQ(e.failures().count(0), 1u) << e.what();
-    EXPECT_THAT(e.failures().at(0), HasSubstr("injected c10 failure"));
-    EXPECT_THAT(e.failures().at(0), Not(HasSubstr("Exception raised from")));
+    EXPECT_THAT(e.failures().at(0).message, HasSubstr("injected c10 failure"));
+    EXPECT_THAT(e.failures().at(0).message, Not(HasSubstr("Exception raised from")));
     EXPECT_THAT(std::string(e.what()), Not(HasSubstr("frame #")));
   }
 }

@@ -26,11 +26,20 @@ inline const std::vector<SaveConfig> kSaveConfigs = {{"sync", true, 1},       {"
                                                      {"writer", true, 3},     {"writer", false, 1},
                                                      {"background", true, 1}, {"background", false, 3}};
 
-// Saves `training` into `dir` as `config` says and returns the error's message. While an
+// How a save failed: the message, and the system call's, for an IoError (else
+// error_number 0).
+struct FailedSave {
+  std::string message;
+  std::string path;
+  std::string operation;
+  int error_number = 0;
+};
+
+// Saves `training` into `dir` as `config` says and returns how it failed. While an
 // async save's write fails in the background, the training thread carries on: it fills
 // its tensors with `next_generation` and checks them. A save that succeeds is a test
-// failure, reported with `why_it_must_fail`, and returns "".
-inline std::string failing_save_message(const std::string& dir, const SaveConfig& config, StateDict& training,
+// failure, reported with `why_it_must_fail`, and returns an empty FailedSave.
+inline FailedSave failing_save(const std::string& dir, const SaveConfig& config, StateDict& training,
                                         dcp::DefaultStager& background, int64_t next_generation,
                                         const std::string& why_it_must_fail) {
   dcp::FileSystemWriter writer(
@@ -47,10 +56,12 @@ inline std::string failing_save_message(const std::string& dir, const SaveConfig
       response.upload_completion.get();
     }
     ADD_FAILURE() << "the save succeeded " << why_it_must_fail;
+  } catch (const IoError& e) {
+    return FailedSave{e.what(), e.path(), e.operation(), e.error_number()};
   } catch (const Error& e) {
-    return e.what();
+    return FailedSave{e.what()};
   }
-  return "";
+  return {};
 }
 
 }  // namespace stowage::reliability

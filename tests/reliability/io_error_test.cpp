@@ -209,8 +209,11 @@ TEST(IoErrors, SavesHittingEIOFailCleanlyAndLeakNothing) {
   for (int round = 0; round < 2; ++round) {
     for (const SaveConfig& config : kSaveConfigs) {
       SCOPED_TRACE(fmt::format("{} single_file={} threads={}", config.stager, config.single_file, config.threads));
-      const std::string message =
-          failing_save_message(dir, config, training, background, 3 + round, "on a device that fails every new block");
+      const FailedSave failed =
+          failing_save(dir, config, training, background, 3 + round, "on a device that fails every new block");
+      const std::string& message = failed.message;
+      EXPECT_EQ(failed.error_number, EIO) << message;
+      EXPECT_NE(failed.path.find(dir + "/"), std::string::npos) << failed.path;
       EXPECT_NE(message.find("Input/output error"), std::string::npos) << message;
       EXPECT_NE(message.find(dir + "/"), std::string::npos) << "the message names no file: " << message;
       if (failures == 0) std::printf("[first error] %s\n", message.c_str());
@@ -254,8 +257,14 @@ TEST(IoErrors, ALoadHittingEIOFailsAndLeavesItsTargetUntouched) {
   try {
     dcp::load(loaded, dir);
     ADD_FAILURE() << "the load read data the device does not have";
+  } catch (const IoError& e) {
+    message = e.what();
+    EXPECT_EQ(e.error_number(), EIO) << message;
+    EXPECT_EQ(e.operation(), "read") << message;
+    EXPECT_NE(e.path().find(dir + "/data-"), std::string::npos) << e.path();
   } catch (const Error& e) {
     message = e.what();
+    ADD_FAILURE() << "not an IoError: " << message;
   }
   EXPECT_NE(message.find("Input/output error"), std::string::npos) << message;
   EXPECT_NE(message.find(dir + "/data-"), std::string::npos) << "the message names no data file: " << message;

@@ -39,19 +39,39 @@
 
 namespace stowage::dcp {
 
+// Why a distributed save or load failed on one rank: the kind of that rank's error and
+// its fields, which travel between the ranks with it.
+struct RankFailure {
+  enum class Kind {
+    kInvalidArgument,  // bad input (InvalidArgument)
+    kIo,               // a system call on a file failed (IoError): path, operation, error_number
+    kCorruption,       // stored bytes are not what was written (CorruptionError): entry, file, offset
+    kUnresponsive,     // the rank died or stopped answering in the collectives
+    kError,            // any other error
+  };
+  Kind kind = Kind::kError;
+  std::string message;
+  std::string path;       // kIo
+  std::string operation;  // kIo
+  int error_number = 0;   // kIo
+  std::string entry;      // kCorruption
+  std::string file;       // kCorruption
+  int64_t offset = -1;    // kCorruption
+};
+
 // A distributed save or load that failed on some ranks; every rank of the group raises
 // it.
 class CheckpointError : public Error {
  public:
   // `step`: "start" (async_save's agreement), "plan", "write", "commit" or "load";
-  // `failures`: cause by rank.
-  CheckpointError(std::string step, std::map<int64_t, std::string> failures);
+  // `failures`: by rank.
+  CheckpointError(std::string step, std::map<int64_t, RankFailure> failures);
   const std::string& step() const { return step_; }
-  const std::map<int64_t, std::string>& failures() const { return failures_; }
+  const std::map<int64_t, RankFailure>& failures() const { return failures_; }
 
  private:
   std::string step_;
-  std::map<int64_t, std::string> failures_;
+  std::map<int64_t, RankFailure> failures_;
 };
 
 // Saves `state` and returns the committed metadata. On an exception nothing of this

@@ -5,6 +5,8 @@
 
 #include <stowage/state/state_dict.h>
 
+#include <string>
+
 namespace stowage {
 
 struct CpuStateDictOptions {
@@ -43,5 +45,9 @@ StateDict create_cpu_state_dict(const StateDict& state, CpuStateDictOptions opti
 // be in flight on return; the caller synchronises the device stream.
 void copy_state_dict(const StateDict& src, StateDict& dst, bool non_blocking = false,
                      bool type_check = true);
+
+// Why copy_state_dict(src, dst, ..., type_check) would refuse the two structures (the
+// message its InvalidArgument would carry), or an empty string when it would copy.
+std::string state_dict_mismatch(const StateDict& src, const StateDict& dst, bool type_check = true);
 
 }  // namespace stowage

@@ -1,0 +1,46 @@
+#pragma once
+
+// The bookkeeping of async saves in flight: each writer's (one at a time) and each
+// buffer-reusing stager's latest, so that a new save waits for them or is rejected
+// (PendingSave) before it starts.
+
+#include <stowage/dcp/checkpoint.h>
+#include <stowage/dcp/staging.h>
+#include <stowage/dcp/storage.h>
+#include <stowage/dist/process_group.h>
+
+#include <chrono>
+#include <future>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+namespace stowage::dcp {
+
+// The writer's record of its async_save in flight (one at a time).
+class PendingSaveAccess {
+ public:
+  // Makes room for a new save: waits for the pending one or rejects, per `policy`.
+  // With a group the ranks decide together, on the caller's thread before anything
+  // starts, so that no rank's background save waits for a rank that rejected: if any
+  // rank would reject, every rank does, naming those with a save in flight. The same
+  // holds for a stager that reuses its buffers (AsyncStager::reuses_buffers()): the save
+  // writing its previous snapshot, on any writer, is waited for or rejected.
+  static void make_room(StorageWriter& writer, AsyncStager& stager, PendingSave policy,
+                        const std::optional<dist::ProcessGroup>& group);
+  static void set(StorageWriter& writer, AsyncStager& stager, std::thread thread,
+                  const std::shared_future<Metadata>& upload) {
+    if (stager.reuses_buffers()) stager.latest_save_ = upload;
+    std::lock_guard<std::mutex> lock(writer.pending_mutex_);
+    writer.pending_thread_ = std::move(thread);
+    writer.pending_ = upload;
+  }
+
+ private:
+  static bool stager_busy(const AsyncStager& stager) {
+    return stager.latest_save_.valid() &&
+           stager.latest_save_.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
+  }
+};
+
+}  // namespace stowage::dcp
