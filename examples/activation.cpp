@@ -17,8 +17,8 @@ int main() {
     mlp->zero_grad();
     stowage::memory::reset_peak_memory_stats();
     const int64_t before = stowage::memory::memory_allocated();
-    auto out = checkpointed ? stowage::activation::checkpoint_sequential(mlp, /*segments=*/4, input)
-                            : mlp->forward(input);
+    auto out =
+        checkpointed ? stowage::activation::checkpoint_sequential(mlp, /*segments=*/4, input) : mlp->forward(input);
     out.square().mean().backward();
     return stowage::memory::max_memory_allocated() - before;
   };

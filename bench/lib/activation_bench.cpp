@@ -72,13 +72,15 @@ double ActivationBenchResult::activation_ratio() const {
          static_cast<double>(plain_peak_bytes - params_and_grads_bytes);
 }
 
-double ActivationBenchResult::step_ratio() const { return sqrt_run().step_s / plain_step_s; }
+double ActivationBenchResult::step_ratio() const {
+  return sqrt_run().step_s / plain_step_s;
+}
 
 ActivationBenchResult run_activation_bench(const ActivationBenchConfig& config) {
   if (config.blocks < 1 || config.width < 1 || config.batch < 1 || config.repetitions < 1) {
-    throw InvalidArgument(fmt::format(
-        "activation bench: blocks, width, batch and repetitions must be positive (got {}, {}, {}, {})",
-        config.blocks, config.width, config.batch, config.repetitions));
+    throw InvalidArgument(
+        fmt::format("activation bench: blocks, width, batch and repetitions must be positive (got {}, {}, {}, {})",
+                    config.blocks, config.width, config.batch, config.repetitions));
   }
   ActivationBenchResult result;
   result.config = config;
@@ -150,22 +152,24 @@ nlohmann::json to_json(const ActivationBenchResult& result) {
 std::string to_text(const ActivationBenchResult& result) {
   const auto mib = [](int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
   const int64_t base = result.params_and_grads_bytes;
-  std::string text = fmt::format(
-      "MLP of {} blocks (Linear {}x{} + GELU), batch {}, median of {} steps; params+grads {:.1f} MiB\n",
-      result.config.blocks, result.config.width, result.config.width, result.config.batch,
-      result.config.repetitions, mib(base));
+  std::string text =
+      fmt::format("MLP of {} blocks (Linear {}x{} + GELU), batch {}, median of {} steps; params+grads {:.1f} MiB\n",
+                  result.config.blocks, result.config.width, result.config.width, result.config.batch,
+                  result.config.repetitions, mib(base));
   text += fmt::format("{:>10} {:>10} {:>8} {:>12} {:>16} {:>10}\n", "segments", "step_s", "x plain", "peak MiB",
                       "activations MiB", "x plain");
   text += fmt::format("{:>10} {:>10.3f} {:>8.2f} {:>12.1f} {:>16.1f} {:>10.3f}\n", "plain", result.plain_step_s, 1.0,
                       mib(result.plain_peak_bytes), mib(result.plain_peak_bytes - base), 1.0);
   for (const ActivationRun& run : result.runs) {
-    text += fmt::format("{:>10} {:>10.3f} {:>8.2f} {:>12.1f} {:>16.1f} {:>10.3f}\n", run.segments, run.step_s,
-                        run.step_s / result.plain_step_s, mib(run.peak_bytes), mib(run.peak_bytes - base),
-                        static_cast<double>(run.peak_bytes - base) / static_cast<double>(result.plain_peak_bytes - base));
+    text +=
+        fmt::format("{:>10} {:>10.3f} {:>8.2f} {:>12.1f} {:>16.1f} {:>10.3f}\n", run.segments, run.step_s,
+                    run.step_s / result.plain_step_s, mib(run.peak_bytes), mib(run.peak_bytes - base),
+                    static_cast<double>(run.peak_bytes - base) / static_cast<double>(result.plain_peak_bytes - base));
   }
-  text += fmt::format("targets at {} segments: activations {:.3f} of plain (<= 0.333: {}), step {:.2f}x plain (<= 1.4: {})\n",
-                      result.sqrt_segments, result.activation_ratio(), result.memory_target_met() ? "met" : "NOT met",
-                      result.step_ratio(), result.time_target_met() ? "met" : "NOT met");
+  text += fmt::format(
+      "targets at {} segments: activations {:.3f} of plain (<= 0.333: {}), step {:.2f}x plain (<= 1.4: {})\n",
+      result.sqrt_segments, result.activation_ratio(), result.memory_target_met() ? "met" : "NOT met",
+      result.step_ratio(), result.time_target_met() ? "met" : "NOT met");
   return text;
 }
 

@@ -111,7 +111,8 @@ DcpBenchResult run_dcp_bench(const DcpBenchOptions& options) {
     std::vector<at::Tensor> buffers;
     for (const at::Tensor& t : tensors) buffers.push_back(memory::allocate_host(t.sizes(), t.scalar_type()));
     const auto copy_all = [&] {
-      for (size_t i = 0; i < tensors.size(); ++i) std::memcpy(buffers[i].data_ptr(), tensors[i].data_ptr(), tensors[i].nbytes());
+      for (size_t i = 0; i < tensors.size(); ++i)
+        std::memcpy(buffers[i].data_ptr(), tensors[i].data_ptr(), tensors[i].nbytes());
     };
     copy_all();
     r.memcpy_gbps = gbps(r.bytes, best_of(3, copy_all));
@@ -143,32 +144,30 @@ DcpBenchResult run_dcp_bench(const DcpBenchOptions& options) {
       std::filesystem::remove_all(checkpoint);
       times.push_back(seconds([&] { dcp::save(state, w); }));
     };
-    take_turns({
-        [&] {
-          std::filesystem::remove(raw_path);
-          raw_s.push_back(seconds([&] {
-            const int fd = ::open(raw_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-            if (fd < 0) throw Error(fmt::format("bench dcp: cannot create '{}'", raw_path));
-            // Sequential writes and one fsync, as `dd conv=fsync` measures a disk.
-            for (const at::Tensor& t : tensors) {
-              write_all(fd, static_cast<const char*>(t.data_ptr()), t.nbytes(), raw_path);
-            }
-            ::fsync(fd);
-            ::close(fd);
-          }));
-          std::filesystem::remove(raw_path);
-        },
-        [&] { time_save(writer, save_s); },
-        [&] { time_save(one_thread_writer, one_thread_save_s); },
-        [&] {
-          std::filesystem::remove(torch_path);
-          // What a LibTorch user does today. torch::save does not fsync: the fsync is
-          // ours, so that every write here reaches the disk.
-          torch_s.push_back(seconds([&] {
-            torch::save(tensors, torch_path);
-            fsync_path(torch_path);
-          }));
-        }});
+    take_turns({[&] {
+                  std::filesystem::remove(raw_path);
+                  raw_s.push_back(seconds([&] {
+                    const int fd = ::open(raw_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+                    if (fd < 0) throw Error(fmt::format("bench dcp: cannot create '{}'", raw_path));
+                    // Sequential writes and one fsync, as `dd conv=fsync` measures a disk.
+                    for (const at::Tensor& t : tensors) {
+                      write_all(fd, static_cast<const char*>(t.data_ptr()), t.nbytes(), raw_path);
+                    }
+                    ::fsync(fd);
+                    ::close(fd);
+                  }));
+                  std::filesystem::remove(raw_path);
+                },
+                [&] { time_save(writer, save_s); }, [&] { time_save(one_thread_writer, one_thread_save_s); },
+                [&] {
+                  std::filesystem::remove(torch_path);
+                  // What a LibTorch user does today. torch::save does not fsync: the fsync is
+                  // ours, so that every write here reaches the disk.
+                  torch_s.push_back(seconds([&] {
+                    torch::save(tensors, torch_path);
+                    fsync_path(torch_path);
+                  }));
+                }});
     r.raw_write_gbps = gbps(r.bytes, median(raw_s));
     r.save_gbps = gbps(r.bytes, median(save_s));
     r.save_one_thread_gbps = gbps(r.bytes, median(one_thread_save_s));
@@ -221,7 +220,8 @@ DcpBenchResult run_dcp_bench(const DcpBenchOptions& options) {
     dcp::DefaultStager stager;
     std::shared_future<dcp::Metadata> upload;
     dcp::async_save(state, writer, &stager).upload_completion.get();
-    r.async_block_default_stager_s = seconds([&] { upload = dcp::async_save(state, writer, &stager).upload_completion; });
+    r.async_block_default_stager_s =
+        seconds([&] { upload = dcp::async_save(state, writer, &stager).upload_completion; });
     upload.get();
   }
   return r;
@@ -231,7 +231,8 @@ double run_dcp_rank_save_bench(const DcpBenchOptions& options, const std::string
                                const dist::ProcessGroup& group) {
   const int64_t ranks = group.size();
   const int64_t cols = 1024;
-  const int64_t rows_per_rank = std::max<int64_t>(1, options.size_mib * (int64_t(1) << 20) / 4 / cols / options.tensors / ranks);
+  const int64_t rows_per_rank =
+      std::max<int64_t>(1, options.size_mib * (int64_t(1) << 20) / 4 / cols / options.tensors / ranks);
   StateDict state;
   for (int64_t i = 0; i < options.tensors; ++i) {
     state.insert(fmt::format("layers.{}.weight", i),
@@ -301,15 +302,18 @@ SmallEntriesBenchResult run_small_entries_bench(int64_t entries, int turns, cons
 }
 
 nlohmann::json to_json(const SmallEntriesBenchResult& r) {
-  return nlohmann::json{{"entries", r.entries},           {"data_bytes", r.data_bytes},
-                        {"metadata_bytes", r.metadata_bytes}, {"save_s", r.save_s},
-                        {"torch_save_s", r.torch_save_s}, {"load_s", r.load_s},
+  return nlohmann::json{{"entries", r.entries},
+                        {"data_bytes", r.data_bytes},
+                        {"metadata_bytes", r.metadata_bytes},
+                        {"save_s", r.save_s},
+                        {"torch_save_s", r.torch_save_s},
+                        {"load_s", r.load_s},
                         {"torch_load_s", r.torch_load_s}};
 }
 
 std::string to_text(const SmallEntriesBenchResult& r) {
-  std::string out = fmt::format("dcp benchmark: {} tensors of 16 floats ({:.1f} MiB)\n", r.entries,
-                                r.data_bytes / 1048576.0);
+  std::string out =
+      fmt::format("dcp benchmark: {} tensors of 16 floats ({:.1f} MiB)\n", r.entries, r.data_bytes / 1048576.0);
   out += fmt::format("  metadata {} bytes, {:.1f} per entry\n", r.metadata_bytes,
                      static_cast<double>(r.metadata_bytes) / static_cast<double>(r.entries));
   out += fmt::format("  save {:.3f} s, torch::save {:.3f} s\n", r.save_s, r.torch_save_s);
@@ -339,8 +343,8 @@ std::string to_text(const DcpBenchResult& r) {
     return fmt::format("  {:<44} {:8.3f} {} {:8.3f}  {}\n", name, value, relation, limit, met ? "met" : "NOT met");
   };
   std::string out = fmt::format("dcp benchmark: {:.0f} MiB in one state dict\n", r.bytes / 1048576.0);
-  out += fmt::format("  memcpy {:.2f} GB/s, stage cached {:.2f}, uncached {:.2f}\n", r.memcpy_gbps,
-                     r.stage_cached_gbps, r.stage_uncached_gbps);
+  out += fmt::format("  memcpy {:.2f} GB/s, stage cached {:.2f}, uncached {:.2f}\n", r.memcpy_gbps, r.stage_cached_gbps,
+                     r.stage_uncached_gbps);
   out += fmt::format("  save {:.2f} GB/s (one thread: {:.2f}), raw write {:.2f}, torch::save {:.2f}\n", r.save_gbps,
                      r.save_one_thread_gbps, r.raw_write_gbps, r.torch_save_gbps);
   out += fmt::format("  load {:.2f} GB/s, torch::load {:.2f}\n", r.load_gbps, r.torch_load_gbps);

@@ -22,17 +22,17 @@ struct DcpBenchOptions {
 
 struct DcpBenchResult {
   int64_t bytes = 0;
-  double memcpy_gbps = 0;          // copy into preallocated buffers: the staging limit
-  double stage_cached_gbps = 0;    // BlockingAsyncStager, cached buffers, warm
-  double stage_uncached_gbps = 0;  // BlockingAsyncStager, new buffers every call
-  double save_gbps = 0;            // dcp::save into an empty directory, sync_files on, 2 threads
-  double save_one_thread_gbps = 0;  // the same with the default thread_count, 1
-  double raw_write_gbps = 0;       // the same bytes written sequentially + one fsync (dd conv=fsync)
-  double torch_save_gbps = 0;      // torch::save of the same tensors + fsync
-  double load_gbps = 0;            // dcp::load into preallocated tensors (checksums verified)
-  double torch_load_gbps = 0;      // torch::load of the torch::save file into fresh memory, as at start-up
-  double async_block_s = 0;        // caller blocked by async_save (writer's cached staging)
-  double stage_s = 0;              // a blocking cached stage of the same state
+  double memcpy_gbps = 0;                   // copy into preallocated buffers: the staging limit
+  double stage_cached_gbps = 0;             // BlockingAsyncStager, cached buffers, warm
+  double stage_uncached_gbps = 0;           // BlockingAsyncStager, new buffers every call
+  double save_gbps = 0;                     // dcp::save into an empty directory, sync_files on, 2 threads
+  double save_one_thread_gbps = 0;          // the same with the default thread_count, 1
+  double raw_write_gbps = 0;                // the same bytes written sequentially + one fsync (dd conv=fsync)
+  double torch_save_gbps = 0;               // torch::save of the same tensors + fsync
+  double load_gbps = 0;                     // dcp::load into preallocated tensors (checksums verified)
+  double torch_load_gbps = 0;               // torch::load of the torch::save file into fresh memory, as at start-up
+  double async_block_s = 0;                 // caller blocked by async_save (writer's cached staging)
+  double stage_s = 0;                       // a blocking cached stage of the same state
   double async_block_default_stager_s = 0;  // caller blocked by async_save with a DefaultStager
 };
 
@@ -77,10 +77,10 @@ std::string to_text(const SmallEntriesBenchResult& result);
 struct DeviceStagingResult {
   std::string device;
   int64_t bytes = 0;
-  double copy_limit_gbps = 0;     // tensor.copy_ into preallocated pinned buffers, one after another
-  double stage_gbps = 0;          // DefaultStager::stage, its buffers cached from an earlier call
-  double async_block_s = 0;       // caller blocked by async_save with that DefaultStager
-  double async_complete_s = 0;    // until that save committed
+  double copy_limit_gbps = 0;   // tensor.copy_ into preallocated pinned buffers, one after another
+  double stage_gbps = 0;        // DefaultStager::stage, its buffers cached from an earlier call
+  double async_block_s = 0;     // caller blocked by async_save with that DefaultStager
+  double async_complete_s = 0;  // until that save committed
 };
 DeviceStagingResult run_device_staging_bench(const DcpBenchOptions& options, c10::Device device);
 nlohmann::json to_json(const DeviceStagingResult& result);

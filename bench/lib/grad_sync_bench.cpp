@@ -28,8 +28,8 @@ torch::nn::Sequential make_mlp(const GradSyncBenchConfig& config) {
 
 // One warm-up step, then one timed step, of `mode`. A reducer of its own for each
 // measurement: its hooks must not see the other modes' backward passes.
-double measure_step(torch::nn::Sequential& model, const at::Tensor& input, const dist::ProcessGroup& group,
-                    Mode mode, const GradSyncBenchConfig& config) {
+double measure_step(torch::nn::Sequential& model, const at::Tensor& input, const dist::ProcessGroup& group, Mode mode,
+                    const GradSyncBenchConfig& config) {
   std::optional<dist::GradientReducer> reducer;
   if (mode != Mode::kCompute) {
     reducer.emplace(model->parameters(), group,
@@ -64,10 +64,11 @@ GradSyncBenchResult run_grad_sync_rank(const GradSyncBenchConfig& config, const 
   result.config = config;
   result.ranks = group.size();
   for (const at::Tensor& p : model->parameters()) result.gradient_bytes += static_cast<int64_t>(p.nbytes());
-  result.buckets = static_cast<int64_t>(
-      dist::GradientReducer(model->parameters(), group, dist::GradientReducerOptions().bucket_cap_mb(config.bucket_cap_mb))
-          .buckets()
-          .size());
+  result.buckets =
+      static_cast<int64_t>(dist::GradientReducer(model->parameters(), group,
+                                                 dist::GradientReducerOptions().bucket_cap_mb(config.bucket_cap_mb))
+                               .buckets()
+                               .size());
   std::array<std::vector<double>, 3> times;
   const std::array<Mode, 3> modes = {Mode::kCompute, Mode::kAfterBackward, Mode::kOverlap};
   for (int round = 0; round < config.steps; ++round) {

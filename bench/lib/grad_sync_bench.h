@@ -19,9 +19,9 @@ struct GradSyncBenchConfig {
   int64_t blocks = 16;  // Linear(width, width) + GELU each
   int64_t width = 1024;
   int64_t batch = 64;
-  int steps = 7;        // timed steps per mode (median reported), each after a warm-up step
+  int steps = 7;  // timed steps per mode (median reported), each after a warm-up step
   double bucket_cap_mb = 25;
-  int threads = 1;      // intra-op threads per rank
+  int threads = 1;  // intra-op threads per rank
 };
 
 struct GradSyncBenchResult {

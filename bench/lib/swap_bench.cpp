@@ -48,9 +48,9 @@ double copy_bound_seconds(c10::Device device, int64_t bytes) {
 SwapBenchResult run_swap_bench(const SwapBenchOptions& options) {
   if (options.params <= 0 || options.tensors <= 0 || options.tensors > options.params || options.steps <= 0 ||
       options.warmup_steps < 0) {
-    throw InvalidArgument(fmt::format(
-        "bench swap: need 0 < tensors ({}) <= params ({}), steps ({}) > 0 and warmup_steps ({}) >= 0",
-        options.tensors, options.params, options.steps, options.warmup_steps));
+    throw InvalidArgument(
+        fmt::format("bench swap: need 0 < tensors ({}) <= params ({}), steps ({}) > 0 and warmup_steps ({}) >= 0",
+                    options.tensors, options.params, options.steps, options.warmup_steps));
   }
   if (options.cpu_cache_bytes < 0) {
     throw InvalidArgument(fmt::format("bench swap: cpu_cache_bytes must be >= 0, got {}", options.cpu_cache_bytes));
@@ -146,18 +146,20 @@ std::string to_text(const SwapBenchResult& result) {
       "MiB); moving that state up and down at once takes {:.3f} s\n",
       result.params, result.device, result.plain_step_s, result.plain_state_bytes / 1048576.0,
       result.cpu_cache_bytes >> 20, result.copy_bound_s);
-  out += fmt::format("{:>10} {:>9} {:>11} {:>14} {:>15} {:>13}\n", "swap_times", "step_s", "step/plain",
-                     "between (B)", "peak (MiB)", "peak/limit");
+  out += fmt::format("{:>10} {:>9} {:>11} {:>14} {:>15} {:>13}\n", "swap_times", "step_s", "step/plain", "between (B)",
+                     "peak (MiB)", "peak/limit");
   for (const SwapRun& run : result.runs) {
     const double step_ratio = run.step_s / result.plain_step_s;
     const double peak_ratio = run.peak_resident_during_step_bytes / peak_limit(result, run.swap_times);
-    out += fmt::format("{:>10} {:>9.3f} {:>6.2f} ({}) {:>14} {:>15.1f} {:>6.2f} ({})\n", run.swap_times, run.step_s,
-                       step_ratio, step_ratio <= kStepLimit ? "met" : "NOT met", run.resident_between_steps_bytes,
-                       run.peak_resident_during_step_bytes / 1048576.0, peak_ratio, peak_ratio <= 1 ? "met" : "NOT met");
+    out +=
+        fmt::format("{:>10} {:>9.3f} {:>6.2f} ({}) {:>14} {:>15.1f} {:>6.2f} ({})\n", run.swap_times, run.step_s,
+                    step_ratio, step_ratio <= kStepLimit ? "met" : "NOT met", run.resident_between_steps_bytes,
+                    run.peak_resident_during_step_bytes / 1048576.0, peak_ratio, peak_ratio <= 1 ? "met" : "NOT met");
   }
-  out += fmt::format("targets: step/plain <= {}, peak <= (2/swap_times + 0.05) x plain state, between = 0 (all "
-                     "states swappable)\n",
-                     kStepLimit);
+  out += fmt::format(
+      "targets: step/plain <= {}, peak <= (2/swap_times + 0.05) x plain state, between = 0 (all "
+      "states swappable)\n",
+      kStepLimit);
   return out;
 }
 

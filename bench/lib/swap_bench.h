@@ -27,9 +27,9 @@ struct SwapBenchOptions {
 
 struct SwapRun {
   int64_t swap_times = 0;
-  double step_s = 0;                             // median timed step
-  int64_t resident_between_steps_bytes = 0;      // optimizer state on the device between steps
-  int64_t peak_resident_during_step_bytes = 0;   // most optimizer memory on the device during a step
+  double step_s = 0;                            // median timed step
+  int64_t resident_between_steps_bytes = 0;     // optimizer state on the device between steps
+  int64_t peak_resident_during_step_bytes = 0;  // most optimizer memory on the device during a step
 };
 
 struct SwapBenchResult {

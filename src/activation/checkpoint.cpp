@@ -265,8 +265,8 @@ at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn, co
     throw InvalidArgument("checkpoint: the input tensor is undefined");
   }
   const std::vector<c10::IValue> outputs = checkpoint(
-      [fn](const std::vector<c10::IValue>& in) -> std::vector<c10::IValue> { return {fn(in[0].toTensor())}; },
-      {input}, options);
+      [fn](const std::vector<c10::IValue>& in) -> std::vector<c10::IValue> { return {fn(in[0].toTensor())}; }, {input},
+      options);
   return outputs[0].toTensor();
 }
 

@@ -39,10 +39,10 @@ void InputVersions::expect_unchanged(Moment moment) const {
             "or run fn without checkpoint",
             tensor));
       case Moment::kBeforeRecomputation:
-        throw CheckpointError(fmt::format(
-            "checkpoint: {} was modified in place after the forward; backward would recompute fn from the "
-            "modified value and give wrong gradients. Modify it only after backward, or modify a copy",
-            tensor));
+        throw CheckpointError(
+            fmt::format("checkpoint: {} was modified in place after the forward; backward would recompute fn from the "
+                        "modified value and give wrong gradients. Modify it only after backward, or modify a copy",
+                        tensor));
       case Moment::kAfterRecomputation:
         throw CheckpointError(fmt::format(
             "checkpoint: fn modified {} in place during the recomputation in backward (it did not in the "

@@ -21,9 +21,9 @@ class InputVersions {
  public:
   // When a check is made, which decides what the error says happened.
   enum class Moment {
-    kAfterForward,          // fn has just run in the forward
-    kBeforeRecomputation,   // backward is about to run fn again
-    kAfterRecomputation,    // fn has just run again in backward
+    kAfterForward,         // fn has just run in the forward
+    kBeforeRecomputation,  // backward is about to run fn again
+    kAfterRecomputation,   // fn has just run again in backward
   };
 
   // Records the current version of every tensor in `inputs`. Tensors without a version

@@ -108,8 +108,8 @@ bool CheckpointManager::should_save(int64_t step) const {
 bool CheckpointManager::save(int64_t step, const StateDict& state, bool force) {
   if (!force && !should_save(step)) return false;
   if (step <= last_saved_step_) {
-    throw InvalidArgument(fmt::format("CheckpointManager: cannot save step {}: step {} is saved already", step,
-                                      last_saved_step_));
+    throw InvalidArgument(
+        fmt::format("CheckpointManager: cannot save step {}: step {} is saved already", step, last_saved_step_));
   }
   finish();  // one save in flight at a time
   auto pending = std::make_unique<Pending>();
@@ -156,8 +156,7 @@ void CheckpointManager::finish() {
 }
 
 std::vector<SaveReport> CheckpointManager::poll() {
-  if (pending_ &&
-      pending_->response.upload_completion.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+  if (pending_ && pending_->response.upload_completion.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
     finish();
   }
   return std::exchange(unreported_, {});

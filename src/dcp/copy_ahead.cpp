@@ -14,10 +14,7 @@ bool needs_copy(const at::Tensor& tensor) {
 }  // namespace
 
 CopyAhead::CopyAhead(std::vector<at::Tensor> tensors, int64_t budget_bytes)
-    : tensors_(std::move(tensors)),
-      hosts_(tensors_.size()),
-      copied_(tensors_.size()),
-      budget_bytes_(budget_bytes) {}
+    : tensors_(std::move(tensors)), hosts_(tensors_.size()), copied_(tensors_.size()), budget_bytes_(budget_bytes) {}
 
 memory::CopyEngine& CopyAhead::engine_for(c10::Device device) {
   for (auto& [engine_device, engine] : engines_) {

@@ -99,7 +99,8 @@ void File::read_at(void* data, int64_t length, int64_t offset) const {
       if (errno == EINTR) continue;
       throw_io_error(fmt::format("cannot read '{}' at offset {}", path_, offset), path_, "read", errno);
     }
-    if (n == 0) throw CorruptionError(fmt::format("short read: '{}' ends at offset {}", path_, offset), "", path_, offset);
+    if (n == 0)
+      throw CorruptionError(fmt::format("short read: '{}' ends at offset {}", path_, offset), "", path_, offset);
     p += n;
     offset += n;
     length -= n;

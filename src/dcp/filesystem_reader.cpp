@@ -18,7 +18,6 @@
 #include <mutex>
 #include <thread>
 
-
 namespace stowage::dcp {
 namespace {
 
@@ -66,11 +65,11 @@ void check_chunk_ranges(const std::string& path, const Metadata& metadata,
     std::sort(list.begin(), list.end(), [](const Range& a, const Range& b) { return a.offset < b.offset; });
     for (size_t i = 1; i < list.size(); ++i) {
       if (list[i].offset < list[i - 1].end) {
-        throw CorruptionError(fmt::format("checkpoint '{}': entries '{}' and '{}': their chunks overlap in data file "
-                                          "'{}' (bytes {} and {})",
-                                          path, *list[i - 1].fqn, *list[i].fqn, file, list[i - 1].offset,
-                                          list[i].offset),
-                              *list[i].fqn, detail::join_path(path, file), list[i].offset);
+        throw CorruptionError(
+            fmt::format("checkpoint '{}': entries '{}' and '{}': their chunks overlap in data file "
+                        "'{}' (bytes {} and {})",
+                        path, *list[i - 1].fqn, *list[i].fqn, file, list[i - 1].offset, list[i].offset),
+            *list[i].fqn, detail::join_path(path, file), list[i].offset);
       }
     }
   }
@@ -120,9 +119,9 @@ Metadata FileSystemReader::read_metadata() {
           missing = name;
           break;
         }
-        detail::rethrow_in_context(fmt::format("checkpoint '{}': entry '{}': data file '{}': ", path_, first_user(name),
-                                               name),
-                                   first_user(name));
+        detail::rethrow_in_context(
+            fmt::format("checkpoint '{}': entry '{}': data file '{}': ", path_, first_user(name), name),
+            first_user(name));
       }
       files.emplace(name, std::move(open));
     }
@@ -133,13 +132,13 @@ Metadata FileSystemReader::read_metadata() {
       files_ = std::move(files);
       return metadata;
     }
-    const bool replaced = detail::file_exists(metadata_path) &&
-                          decode_metadata(detail::read_text_file(metadata_path), metadata_path).save_id !=
-                              metadata.save_id;
+    const bool replaced =
+        detail::file_exists(metadata_path) &&
+        decode_metadata(detail::read_text_file(metadata_path), metadata_path).save_id != metadata.save_id;
     if (replaced && attempt < kMaxAttempts) continue;
-    throw CorruptionError(fmt::format("checkpoint '{}': entry '{}': its data file '{}' is missing", path_,
-                                      first_user(missing), missing),
-                          first_user(missing), detail::join_path(path_, missing));
+    throw CorruptionError(
+        fmt::format("checkpoint '{}': entry '{}': its data file '{}' is missing", path_, first_user(missing), missing),
+        first_user(missing), detail::join_path(path_, missing));
   }
 }
 
@@ -234,8 +233,8 @@ void FileSystemReader::run_reads(std::vector<ChunkRead>& reads, bool verify_only
                             read.entry->fqn, open.file.path(), open.size);
     }
     const int64_t element_bytes = element_size(read.entry->dtype);
-    const ChunkBox region = read.region.value_or(
-        ChunkBox{std::vector<int64_t>(read.chunk->box.sizes.size(), 0), read.chunk->box.sizes});
+    const ChunkBox region =
+        read.region.value_or(ChunkBox{std::vector<int64_t>(read.chunk->box.sizes.size(), 0), read.chunk->box.sizes});
     const int64_t wanted = detail::checked_volume(region.sizes, read.entry->fqn) * element_bytes;
     if (read.buffer.nbytes() != static_cast<size_t>(wanted) || !read.buffer.is_contiguous() ||
         !read.buffer.device().is_cpu() || region.offsets.size() != read.chunk->box.sizes.size() ||
@@ -280,7 +279,8 @@ void FileSystemReader::run_reads(std::vector<ChunkRead>& reads, bool verify_only
           read.entry->fqn, open.file.path(), offset);
     };
     const auto copy = [&](char* destination, int64_t chunk_offset, int64_t length) {
-      if (!detail::guarded_copy(destination, chunk_bytes + chunk_offset, static_cast<size_t>(length))) throw_unreadable();
+      if (!detail::guarded_copy(destination, chunk_bytes + chunk_offset, static_cast<size_t>(length)))
+        throw_unreadable();
     };
     if (wanted == location.length) {
       // The whole chunk, checked against the chunk's checksum.

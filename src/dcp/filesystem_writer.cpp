@@ -83,8 +83,8 @@ bool is_save_file_name(const std::string& name) {
   if (name.rfind(temp_prefix, 0) == 0) {
     return name.size() == temp_prefix.size() + 16 && is_hex(name, temp_prefix.size(), 16);
   }
-  return name.rfind("data-", 0) == 0 && is_hex(name, 5, 16) && name.compare(21, 2, "-r") == 0 &&
-         name.size() > 28 && name.compare(name.size() - 5, 5, ".data") == 0;
+  return name.rfind("data-", 0) == 0 && is_hex(name, 5, 16) && name.compare(21, 2, "-r") == 0 && name.size() > 28 &&
+         name.compare(name.size() - 5, 5, ".data") == 0;
 }
 
 }  // namespace
@@ -101,13 +101,15 @@ struct FileSystemWriter::DirectoryLock {
   bool try_exclusive() {
     while (::flock(directory.fd(), LOCK_EX | LOCK_NB) != 0) {
       if (errno == EWOULDBLOCK) return false;
-      if (errno != EINTR) detail::throw_io_error(fmt::format("cannot lock '{}'", directory.path()), directory.path(), "lock", errno);
+      if (errno != EINTR)
+        detail::throw_io_error(fmt::format("cannot lock '{}'", directory.path()), directory.path(), "lock", errno);
     }
     return true;
   }
   void shared() {
     while (::flock(directory.fd(), LOCK_SH) != 0) {
-      if (errno != EINTR) detail::throw_io_error(fmt::format("cannot lock '{}'", directory.path()), directory.path(), "lock", errno);
+      if (errno != EINTR)
+        detail::throw_io_error(fmt::format("cannot lock '{}'", directory.path()), directory.path(), "lock", errno);
     }
   }
 };
@@ -149,8 +151,8 @@ FileSystemWriter::FileSystemWriter(std::string path, FileSystemWriterOptions opt
     : BlockingAsyncStager(options.cache_staged_state_dict()), path_(std::move(path)), options_(options) {
   if (path_.empty()) throw InvalidArgument("FileSystemWriter: the checkpoint path is empty");
   if (options_.thread_count() < 1) {
-    throw InvalidArgument(fmt::format("FileSystemWriter: thread_count must be at least 1, got {}",
-                                      options_.thread_count()));
+    throw InvalidArgument(
+        fmt::format("FileSystemWriter: thread_count must be at least 1, got {}", options_.thread_count()));
   }
   if (options_.per_thread_copy_ahead() < 0) {
     throw InvalidArgument(fmt::format("FileSystemWriter: per_thread_copy_ahead must not be negative, got {}",
@@ -180,8 +182,8 @@ SavePlan FileSystemWriter::prepare_local_plan(SavePlan plan) {
     detail::rethrow_in_context(fmt::format("FileSystemWriter: cannot save into '{}': ", path_), "");
   }
   if (!options_.overwrite() && detail::file_exists(detail::join_path(path_, kMetadataFileName))) {
-    throw InvalidArgument(fmt::format(
-        "FileSystemWriter: '{}' already holds a checkpoint and the option overwrite is off", path_));
+    throw InvalidArgument(
+        fmt::format("FileSystemWriter: '{}' already holds a checkpoint and the option overwrite is off", path_));
   }
   coordinator_ = false;
   // A lock still held from an earlier save is released only after the new one is
@@ -314,11 +316,12 @@ void FileSystemWriter::finish(const Metadata& metadata) {
     }
   }
   if (!options_.overwrite() && detail::file_exists(final_path)) {
-    throw InvalidArgument(fmt::format(
-        "FileSystemWriter: '{}' already holds a checkpoint and the option overwrite is off", path_));
+    throw InvalidArgument(
+        fmt::format("FileSystemWriter: '{}' already holds a checkpoint and the option overwrite is off", path_));
   }
   if (std::rename(temp_path.c_str(), final_path.c_str()) != 0) {
-    detail::throw_io_error(fmt::format("cannot commit checkpoint metadata '{}'", final_path), final_path, "rename", errno);
+    detail::throw_io_error(fmt::format("cannot commit checkpoint metadata '{}'", final_path), final_path, "rename",
+                           errno);
   }
   // Committed: nothing of this save may be removed any more.
   {

@@ -189,7 +189,8 @@ class LoadPlanner {
     }
     direct_reads_ = std::move(unshared_reads);
     if (!direct_reads_.empty() && !reader.verify_data(direct_reads_)) {
-      for (size_t i = 0; i < direct_reads_.size(); ++i) stage(std::move(direct_reads_[i]), std::move(unshared_copies[i]));
+      for (size_t i = 0; i < direct_reads_.size(); ++i)
+        stage(std::move(direct_reads_[i]), std::move(unshared_copies[i]));
       direct_reads_.clear();
     }
     reader.read_data(staged_reads_);
@@ -232,17 +233,19 @@ class LoadPlanner {
 
   void require_partial(const std::string& fqn) const {
     if (!options_.allow_partial_load()) {
-      throw InvalidArgument(fmt::format("load: entry '{}' is not in the checkpoint (LoadOptions::allow_partial_load "
-                                        "leaves such entries as they are)",
-                                        fqn));
+      throw InvalidArgument(
+          fmt::format("load: entry '{}' is not in the checkpoint (LoadOptions::allow_partial_load "
+                      "leaves such entries as they are)",
+                      fqn));
     }
   }
 
   static void check_shard_compatible(const FlatEntry& entry, const ShardLayout& layout, const EntryMetadata& saved) {
     const at::Tensor& tensor = entry.value.toTensor();
     if (saved.kind != EntryKind::kTensor) {
-      throw InvalidArgument(fmt::format("load: entry '{}' is a ShardedTensor in the state dict but a {} in the checkpoint",
-                                        entry.fqn, saved.value.tagKind()));
+      throw InvalidArgument(
+          fmt::format("load: entry '{}' is a ShardedTensor in the state dict but a {} in the checkpoint", entry.fqn,
+                      saved.value.tagKind()));
     }
     if (tensor.scalar_type() != saved.dtype || layout.global_shape != saved.shape) {
       throw InvalidArgument(fmt::format("load: entry '{}' is a shard of {} in the state dict but {} in the checkpoint",
@@ -402,7 +405,8 @@ void load(StateDict& state, StorageReader& reader, LoadOptions options, std::opt
   planner->apply(state, reader);
 }
 
-void load(StateDict& state, const std::string& checkpoint_dir, LoadOptions options, std::optional<dist::ProcessGroup> group) {
+void load(StateDict& state, const std::string& checkpoint_dir, LoadOptions options,
+          std::optional<dist::ProcessGroup> group) {
   std::optional<FileSystemReader> reader;
   try {
     reader.emplace(checkpoint_dir);

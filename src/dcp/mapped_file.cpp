@@ -49,7 +49,8 @@ void install_sigbus_handler() {
     action.sa_flags = SA_SIGINFO | SA_ONSTACK;
     sigemptyset(&action.sa_mask);
     if (::sigaction(SIGBUS, &action, &previous_sigbus_action) != 0) {
-      throw_io_error("cannot install the SIGBUS handler that guards reads of mapped data files", "", "sigaction", errno);
+      throw_io_error("cannot install the SIGBUS handler that guards reads of mapped data files", "", "sigaction",
+                     errno);
     }
   });
 }

@@ -24,9 +24,8 @@ using nlohmann::json;
 
 // The dtypes a checkpoint may hold: every dense type LibTorch 1.13 has.
 constexpr std::array<c10::ScalarType, 13> kDtypes = {
-    c10::kByte,  c10::kChar,        c10::kShort,        c10::kInt,           c10::kLong,
-    c10::kHalf,  c10::kFloat,       c10::kDouble,       c10::kComplexHalf,   c10::kComplexFloat,
-    c10::kComplexDouble, c10::kBool, c10::kBFloat16};
+    c10::kByte,   c10::kChar,        c10::kShort,        c10::kInt,           c10::kLong, c10::kHalf,    c10::kFloat,
+    c10::kDouble, c10::kComplexHalf, c10::kComplexFloat, c10::kComplexDouble, c10::kBool, c10::kBFloat16};
 
 std::string dtype_name(c10::ScalarType dtype) {
   return c10::toString(dtype);
@@ -59,8 +58,8 @@ json encode_scalar(const c10::IValue& value, const std::string& fqn) {
     return json{{"t", "double"}, {"v", d}};
   }
   if (value.isString()) return json{{"t", "str"}, {"v", value.toStringRef()}};
-  throw InvalidArgument(fmt::format("checkpoint entry '{}' holds a {}, which a checkpoint cannot store", fqn,
-                                    value.tagKind()));
+  throw InvalidArgument(
+      fmt::format("checkpoint entry '{}' holds a {}, which a checkpoint cannot store", fqn, value.tagKind()));
 }
 
 json encode_value(const c10::IValue& value, const std::string& fqn) {
@@ -129,8 +128,8 @@ struct Decoder {
     if (!v.is_array()) fail(where, fmt::format("field '{}' must be a list of integers", key));
     std::vector<int64_t> out;
     for (const json& element : v) {
-      if (!element.is_number_integer() || (element.is_number_unsigned() &&
-                                           element.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))) {
+      if (!element.is_number_integer() ||
+          (element.is_number_unsigned() && element.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))) {
         fail(where, fmt::format("field '{}' must be a list of integers", key));
       }
       out.push_back(element.get<int64_t>());
@@ -293,8 +292,7 @@ void rethrow_in_context(const std::string& context, const std::string& entry) {
   }
 }
 
-void throw_io_error(const std::string& what, const std::string& path, const std::string& operation,
-                    int error_number) {
+void throw_io_error(const std::string& what, const std::string& path, const std::string& operation, int error_number) {
   throw IoError(fmt::format("{}: {}", what, std::strerror(error_number)), path, operation, error_number);
 }
 
@@ -358,8 +356,8 @@ json encode_name(const EntryMetadata& entry) {
 json encode_chunk(const TensorChunk& chunk, const std::vector<int64_t>& shape, size_t file_index) {
   json blocks = json::array();
   for (uint64_t block : chunk.location.block_checksums) blocks.push_back(hex64(block));
-  json out = json::array({file_index, chunk.location.offset, hex64(chunk.location.checksum), chunk.rank,
-                          std::move(blocks)});
+  json out =
+      json::array({file_index, chunk.location.offset, hex64(chunk.location.checksum), chunk.rank, std::move(blocks)});
   const bool whole = chunk.box.sizes == shape && std::all_of(chunk.box.offsets.begin(), chunk.box.offsets.end(),
                                                              [](int64_t offset) { return offset == 0; });
   if (!whole) {
@@ -371,8 +369,12 @@ json encode_chunk(const TensorChunk& chunk, const std::vector<int64_t>& shape, s
 
 // The header fields every version has, of the version written.
 json encode_header(const Metadata& metadata) {
-  return json{{"format", "stowage.dcp"},    {"version", kFormatVersion},      {"save_id", metadata.save_id},
-              {"world_size", metadata.world_size}, {"byte_order", "little"}, {"alignment", kChunkAlignment},
+  return json{{"format", "stowage.dcp"},
+              {"version", kFormatVersion},
+              {"save_id", metadata.save_id},
+              {"world_size", metadata.world_size},
+              {"byte_order", "little"},
+              {"alignment", kChunkAlignment},
               {"checksum_block_bytes", kChecksumBlockBytes}};
 }
 
@@ -404,7 +406,8 @@ std::string encode_metadata(const Metadata& metadata) {
       for (const TensorChunk& chunk : entry.chunks) {
         chunks.push_back(encode_chunk(chunk, entry.shape, file_index.at(chunk.location.file)));
       }
-      entries.push_back(json::array({"t", encode_name(entry), dtype_name(entry.dtype), entry.shape, std::move(chunks)}));
+      entries.push_back(
+          json::array({"t", encode_name(entry), dtype_name(entry.dtype), entry.shape, std::move(chunks)}));
     } else {
       entries.push_back(json::array({"v", encode_name(entry), encode_value(entry.value, entry.fqn)}));
     }
@@ -514,7 +517,8 @@ EntryMetadata decode_object_entry(const Decoder& d, const json& e, size_t i, int
     chunk.location.checksum = parse_hash(d, d.field(c, "xxh3", where), "xxh3", where);
     const int64_t blocks = (chunk.location.length + kChecksumBlockBytes - 1) / kChecksumBlockBytes;
     if (version >= 2 && blocks > 1) {
-      chunk.location.block_checksums = block_checksums(d, d.field(c, "block_xxh3", where), chunk.location.length, where);
+      chunk.location.block_checksums =
+          block_checksums(d, d.field(c, "block_xxh3", where), chunk.location.length, where);
     }
     entry.chunks.push_back(std::move(chunk));
   }
@@ -554,7 +558,7 @@ EntryMetadata decode_table_entry(const Decoder& d, const json& row, size_t i, co
   if (name.is_string()) {
     entry.fqn = name.get<std::string>();
     size_t begin = 0;
-    for (size_t dot = entry.fqn.find('.'); ; dot = entry.fqn.find('.', begin)) {
+    for (size_t dot = entry.fqn.find('.');; dot = entry.fqn.find('.', begin)) {
       entry.path.emplace_back(entry.fqn.substr(begin, dot == std::string::npos ? std::string::npos : dot - begin));
       if (dot == std::string::npos) break;
       begin = dot + 1;
@@ -626,8 +630,8 @@ void check_document_checksum(const Decoder& d, json document) {
   document.erase(kChecksumField);
   const std::string computed = hex64(document_checksum(document));
   if (stored != computed) {
-    d.fail("header", fmt::format("the metadata is corrupt: its checksum is {}, its content hashes to {}", stored,
-                                 computed));
+    d.fail("header",
+           fmt::format("the metadata is corrupt: its checksum is {}, its content hashes to {}", stored, computed));
   }
 }
 
@@ -649,9 +653,10 @@ Metadata decode_metadata(const std::string& text, const std::string& origin) {
   if (metadata.version < kOldestReadableFormatVersion || metadata.version > kFormatVersion) {
     // Not CorruptionError: written by another version of stowage, whose checksum this
     // build cannot judge.
-    throw Error(fmt::format("checkpoint metadata {}: header: format version {} is not supported (this build reads "
-                            "versions {} to {})",
-                            origin, metadata.version, kOldestReadableFormatVersion, kFormatVersion));
+    throw Error(
+        fmt::format("checkpoint metadata {}: header: format version {} is not supported (this build reads "
+                    "versions {} to {})",
+                    origin, metadata.version, kOldestReadableFormatVersion, kFormatVersion));
   }
   if (metadata.version >= 2 && d.integer(document, "checksum_block_bytes", "header") != kChecksumBlockBytes) {
     d.fail("header", fmt::format("checksum blocks must be {} bytes", kChecksumBlockBytes));

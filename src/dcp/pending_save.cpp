@@ -37,8 +37,9 @@ void PendingSaveAccess::make_room(StorageWriter& writer, AsyncStager& stager, Pe
     if (writer.has_pending_save()) {
       rejected = "a save on its writer is still in flight (PendingSave::kReject)";
     } else if (stager.reuses_buffers() && stager_busy(stager)) {
-      rejected = "a save of its stager's previous snapshot (whose buffers the stager reuses) is still in flight, "
-                 "possibly on another writer (PendingSave::kReject)";
+      rejected =
+          "a save of its stager's previous snapshot (whose buffers the stager reuses) is still in flight, "
+          "possibly on another writer (PendingSave::kReject)";
     }
   }
   if (group) {

@@ -86,9 +86,9 @@ GlobalSavePlan create_global_save_plan(std::vector<SavePlan> local_plans) {
         continue;
       }
       const EntryMetadata& entry = global.metadata.entries[it->second];
-      const bool agree = entry.kind == item.kind && entry.path == item.path &&
-                         (item.kind == EntryKind::kValue ||
-                          (entry.dtype == item.dtype && entry.shape == item.global_shape));
+      const bool agree =
+          entry.kind == item.kind && entry.path == item.path &&
+          (item.kind == EntryKind::kValue || (entry.dtype == item.dtype && entry.shape == item.global_shape));
       if (!agree) {
         throw Error(fmt::format(
             "checkpoint entry '{}' differs between ranks {} and {} (kind, dtype or global shape {} vs {})", item.fqn,
@@ -152,7 +152,8 @@ GlobalSavePlan create_global_save_plan(std::vector<SavePlan> local_plans) {
   for (auto& [key, offer] : offers) {
     int64_t chosen = offer.ranks.front();
     for (int64_t rank : offer.ranks) {
-      if (planned_bytes[rank] < planned_bytes[chosen] || (planned_bytes[rank] == planned_bytes[chosen] && rank < chosen)) {
+      if (planned_bytes[rank] < planned_bytes[chosen] ||
+          (planned_bytes[rank] == planned_bytes[chosen] && rank < chosen)) {
         chosen = rank;
       }
     }

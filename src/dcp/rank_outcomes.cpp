@@ -41,17 +41,16 @@ const char* kind_name(RankFailure::Kind kind) {
 }
 
 RankFailure::Kind kind_named(const std::string& name) {
-  for (const RankFailure::Kind kind :
-       {RankFailure::Kind::kInvalidArgument, RankFailure::Kind::kIo, RankFailure::Kind::kCorruption,
-        RankFailure::Kind::kUnresponsive}) {
+  for (const RankFailure::Kind kind : {RankFailure::Kind::kInvalidArgument, RankFailure::Kind::kIo,
+                                       RankFailure::Kind::kCorruption, RankFailure::Kind::kUnresponsive}) {
     if (name == kind_name(kind)) return kind;
   }
   return RankFailure::Kind::kError;
 }
 
 json encode_failure(const RankFailure& f) {
-  return json{{"kind", kind_name(f.kind)}, {"message", f.message}, {"path", f.path},     {"operation", f.operation},
-              {"errno", f.error_number},   {"entry", f.entry},     {"file", f.file},     {"offset", f.offset}};
+  return json{{"kind", kind_name(f.kind)}, {"message", f.message}, {"path", f.path}, {"operation", f.operation},
+              {"errno", f.error_number},   {"entry", f.entry},     {"file", f.file}, {"offset", f.offset}};
 }
 
 RankFailure decode_failure(const json& j) {

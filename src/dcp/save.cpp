@@ -121,11 +121,12 @@ Metadata run_distributed_save(const std::function<LocalSave()>& prepare, Storage
 
     // Write: every rank writes its part, unless planning failed anywhere.
     const bool plan_failed = !detail::succeeded(my_plan);
-    const std::string written =
-        plan_failed ? detail::outcome_failed(detail::plain_failure("nothing written: planning failed")) : detail::attempt([&] {
-          const SavePlan plan = detail::decode_save_plan(detail::accept(my_plan, "plan"));
-          return detail::encode_write_results(writer.write_data(plan, local.data));
-        });
+    const std::string written = plan_failed
+                                    ? detail::outcome_failed(detail::plain_failure("nothing written: planning failed"))
+                                    : detail::attempt([&] {
+                                        const SavePlan plan = detail::decode_save_plan(detail::accept(my_plan, "plan"));
+                                        return detail::encode_write_results(writer.write_data(plan, local.data));
+                                      });
     const std::vector<std::string> gathered_results = group.gather(written, kCoordinator);
     verdict_pending = true;
     step = "commit";
@@ -171,8 +172,7 @@ Metadata run_save(const std::function<LocalSave()>& prepare, StorageWriter& writ
 
 // Plans a snapshot, dropping every reference to it but the plan's data, so that
 // buffers nobody else holds (an uncached stager's) are freed as they are written.
-LocalSave plan_snapshot(StateDict snapshot, const std::unordered_map<std::string, ShardLayout>& layouts,
-                        int64_t rank) {
+LocalSave plan_snapshot(StateDict snapshot, const std::unordered_map<std::string, ShardLayout>& layouts, int64_t rank) {
   UnshardedState state{std::exchange(snapshot, StateDict()), layouts};
   return plan_local_save(state, rank);
 }
@@ -205,7 +205,6 @@ class UnavailableWriter final : public StorageWriter {
  private:
   std::exception_ptr error_;
 };
-
 
 }  // namespace
 

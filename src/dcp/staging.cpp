@@ -149,7 +149,8 @@ StateDict DefaultStager::stage_now(const FlatStateDict& flat) {
     at::Tensor bytes = cache_.at(key)->bytes;
     if (copied.insert(key).second) {
       const int64_t nbytes = static_cast<int64_t>(storage.nbytes());
-      const at::Tensor source_bytes = at::empty({0}, source.options().dtype(c10::kByte)).set_(storage, 0, {nbytes}, {1});
+      const at::Tensor source_bytes =
+          at::empty({0}, source.options().dtype(c10::kByte)).set_(storage, 0, {nbytes}, {1});
       const auto stream = streams_.find(source.device().str());
       if (options_.use_non_blocking_copy() && stream != streams_.end()) {
         const c10::StreamGuard guard(stream->second);
@@ -164,7 +165,8 @@ StateDict DefaultStager::stage_now(const FlatStateDict& flat) {
     // A view of the staged storage exactly like the source's view of its own. The
     // buffer starts at a multiple of kHostArenaAlignment in its arena, so at a whole
     // number of elements.
-    const int64_t offset = bytes.storage_offset() / static_cast<int64_t>(source.element_size()) + source.storage_offset();
+    const int64_t offset =
+        bytes.storage_offset() / static_cast<int64_t>(source.element_size()) + source.storage_offset();
     at::Tensor view = at::empty({0}, bytes.options().dtype(source.scalar_type()))
                           .set_(bytes.storage(), offset, source.sizes(), source.strides());
     // The storage holds unresolved bytes: carry the source's lazy conjugation/negation.

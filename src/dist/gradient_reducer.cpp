@@ -93,13 +93,13 @@ struct GradientReducer::State {
 
   std::mutex mutex;
   std::condition_variable changed;
-  std::vector<bool> arrived;     // by parameter: its gradient is in its slot, this backward
-  std::vector<size_t> waiting;   // by bucket: parameters whose gradient has not arrived
-  size_t sent = 0;               // buckets [0, sent) are handed to the worker, in order
-  size_t reduced = 0;            // buckets [0, reduced) are all-reduced
+  std::vector<bool> arrived;    // by parameter: its gradient is in its slot, this backward
+  std::vector<size_t> waiting;  // by bucket: parameters whose gradient has not arrived
+  size_t sent = 0;              // buckets [0, sent) are handed to the worker, in order
+  size_t reduced = 0;           // buckets [0, reduced) are all-reduced
   bool stopping = false;
-  std::exception_ptr failure;    // of an all-reduce
-  std::string misuse;            // a gradient that came after its bucket was sent
+  std::exception_ptr failure;  // of an all-reduce
+  std::string misuse;          // a gradient that came after its bucket was sent
 
   void reset_locked() {
     std::fill(arrived.begin(), arrived.end(), false);

@@ -48,7 +48,7 @@ using CollectiveBackend = c10d::ProcessGroup;
 
 struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<CollectiveBackend> backend;  // Gloo
+  c10::intrusive_ptr<CollectiveBackend> backend;         // Gloo
   c10::intrusive_ptr<CollectiveBackend> device_backend;  // NCCL, made on first use
   int64_t rank = 0;
   int64_t size = 1;
@@ -81,8 +81,7 @@ c10::intrusive_ptr<CollectiveBackend> make_gloo(const c10::intrusive_ptr<c10d::S
     options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
   }
   options->threads = 2;
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(rank), static_cast<int>(size),
-                                                     options);
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(rank), static_cast<int>(size), options);
 }
 
 // The group's failure record in the store, under the group's prefix: a group fails at
@@ -170,10 +169,9 @@ std::string wait_watching_store(const ProcessGroup::Impl& group, const WorkPtr& 
   } catch (const std::exception& e) {
     // The store has gone, and with it the process that hosted it.
     if (group.store_host >= 0 && group.store_host != group.rank) missing.push_back(group.store_host);
-    outcome = group.store_host >= 0
-                  ? fmt::format("rank {}, which hosts the store, is dead or unreachable ({})", group.store_host,
-                                exception_message(e))
-                  : fmt::format("the store is unreachable ({})", exception_message(e));
+    outcome = group.store_host >= 0 ? fmt::format("rank {}, which hosts the store, is dead or unreachable ({})",
+                                                  group.store_host, exception_message(e))
+                                    : fmt::format("the store is unreachable ({})", exception_message(e));
   }
   group.failure.emplace(
       fmt::format("{}: the group failed in an earlier collective ({} failed: {}; {}); make a new group", where, what,
@@ -220,17 +218,17 @@ void check_collective_tensor(const at::Tensor& tensor, const char* what) {
 int64_t env_int(const char* name) {
   const char* value = std::getenv(name);
   if (value == nullptr || *value == '\0') {
-    throw InvalidArgument(fmt::format("init_process_group_from_env: environment variable {} is not set "
-                                      "(run under torchrun or `stowage launch`)",
-                                      name));
+    throw InvalidArgument(
+        fmt::format("init_process_group_from_env: environment variable {} is not set "
+                    "(run under torchrun or `stowage launch`)",
+                    name));
   }
   char* end = nullptr;
   errno = 0;
   const long long parsed = std::strtoll(value, &end, 10);
   if (errno != 0 || end == value || *end != '\0' || parsed < 0) {
-    throw InvalidArgument(
-        fmt::format("init_process_group_from_env: environment variable {}='{}' is not a non-negative integer", name,
-                    value));
+    throw InvalidArgument(fmt::format(
+        "init_process_group_from_env: environment variable {}='{}' is not a non-negative integer", name, value));
   }
   return parsed;
 }
@@ -264,8 +262,8 @@ ProcessGroup ProcessGroup::new_group(const std::string& name) const {
   try {
     impl->backend = make_gloo(impl->store, impl->rank, impl->size, impl->timeout);
   } catch (const std::exception& e) {
-    throw Error(fmt::format("process group '{}' (rank {} of {}): cannot create: {}", impl->name, impl->rank,
-                            impl->size, exception_message(e)));
+    throw Error(fmt::format("process group '{}' (rank {} of {}): cannot create: {}", impl->name, impl->rank, impl->size,
+                            exception_message(e)));
   }
   return ProcessGroup(std::move(impl));
 }
@@ -379,9 +377,10 @@ void ProcessGroup::barrier() const {
 namespace {
 
 [[noreturn]] void no_backend_for(c10::Device device) {
-  throw InvalidArgument(fmt::format("ProcessGroup: no c10d backend for tensors on {} in this build (CPU tensors use "
-                                    "Gloo; CUDA tensors need a CUDA build, which uses NCCL)",
-                                    device.str()));
+  throw InvalidArgument(
+      fmt::format("ProcessGroup: no c10d backend for tensors on {} in this build (CPU tensors use "
+                  "Gloo; CUDA tensors need a CUDA build, which uses NCCL)",
+                  device.str()));
 }
 
 // The backend of a tensor collective on `device` (see the header).
@@ -393,8 +392,8 @@ CollectiveBackend& tensor_backend(ProcessGroup::Impl& g, c10::Device device) {
       auto options = c10d::ProcessGroupNCCL::Options::create();
       options->timeout = g.timeout;
       auto store = c10::make_intrusive<c10d::PrefixStore>("nccl", g.store);
-      g.device_backend =
-          c10::make_intrusive<c10d::ProcessGroupNCCL>(store, static_cast<int>(g.rank), static_cast<int>(g.size), options);
+      g.device_backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, static_cast<int>(g.rank),
+                                                                     static_cast<int>(g.size), options);
     }
     return *g.device_backend;
   }
@@ -463,16 +462,17 @@ ProcessGroup join_group(const std::string& master_addr, int master_port, int64_t
                         const std::string& attempt, const ProcessGroupOptions& options) {
   const bool host_store = attempt.empty();
   if (world_size < 1 || rank < 0 || rank >= world_size) {
-    throw InvalidArgument(fmt::format("init_process_group: rank {} is not within a world of size {}", rank,
-                                      world_size));
+    throw InvalidArgument(
+        fmt::format("init_process_group: rank {} is not within a world of size {}", rank, world_size));
   }
   if (master_port < 1 || master_port > std::numeric_limits<uint16_t>::max()) {
     throw InvalidArgument(fmt::format("init_process_group: MASTER_PORT {} is not a TCP port", master_port));
   }
   if (options.timeout().count() <= 0 || options.check_in_timeout().count() <= 0) {
-    throw InvalidArgument(fmt::format("init_process_group: the timeout and check_in_timeout must be positive, got {} "
-                                      "and {} ms",
-                                      options.timeout().count(), options.check_in_timeout().count()));
+    throw InvalidArgument(
+        fmt::format("init_process_group: the timeout and check_in_timeout must be positive, got {} "
+                    "and {} ms",
+                    options.timeout().count(), options.check_in_timeout().count()));
   }
   ignore_sigpipe_unless_handled();
   auto impl = std::make_shared<ProcessGroup::Impl>();
@@ -496,8 +496,7 @@ ProcessGroup join_group(const std::string& master_addr, int master_port, int64_t
     impl->backend = make_gloo(impl->store, rank, world_size, impl->timeout);
   } catch (const std::exception& e) {
     throw Error(fmt::format("init_process_group: rank {} of {} cannot join the group at {}:{} within {} ms: {}", rank,
-                            world_size, master_addr, master_port, options.timeout().count(),
-                            exception_message(e)));
+                            world_size, master_addr, master_port, options.timeout().count(), exception_message(e)));
   }
   return ProcessGroup(std::move(impl));
 }

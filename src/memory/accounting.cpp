@@ -127,7 +127,7 @@ class TrackingAllocator final : public PortableAllocator {
   mutable std::atomic<int64_t> allocations_{0};
   mutable std::atomic<int64_t> allocated_{0};
 
-  mutable std::mutex cache_mutex_;  // guards the three below
+  mutable std::mutex cache_mutex_;                                // guards the three below
   mutable std::unordered_map<size_t, std::vector<void*>> cache_;  // by the blocks' nbytes
   mutable int64_t cached_ = 0;
   int64_t cache_limit_ = 0;
@@ -144,13 +144,14 @@ TrackingAllocator& cpu_tracker() {
 }
 
 [[noreturn]] void unsupported(c10::Device device) {
-  throw InvalidArgument(fmt::format("memory accounting is not available for device {} in this build",
-                                    device.str()));
+  throw InvalidArgument(fmt::format("memory accounting is not available for device {} in this build", device.str()));
 }
 
 }  // namespace
 
-void enable_accounting() { cpu_tracker(); }
+void enable_accounting() {
+  cpu_tracker();
+}
 
 void set_cpu_cache_limit(int64_t limit_bytes) {
   if (limit_bytes < 0) {
@@ -159,7 +160,9 @@ void set_cpu_cache_limit(int64_t limit_bytes) {
   cpu_tracker().set_cache_limit(limit_bytes);
 }
 
-void empty_cpu_cache() { cpu_tracker().empty_cache(); }
+void empty_cpu_cache() {
+  cpu_tracker().empty_cache();
+}
 
 MemoryStats memory_stats(c10::Device device) {
   if (device.is_cpu()) {

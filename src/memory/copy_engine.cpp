@@ -251,9 +251,13 @@ void CopyEngine::copy(CopyLane which, const at::Tensor& dst, const at::Tensor& s
   target.copy(dst, src, std::move(fault));
 }
 
-CopyEvent CopyEngine::record(CopyLane which) { return lane(which).record(); }
+CopyEvent CopyEngine::record(CopyLane which) {
+  return lane(which).record();
+}
 
-void CopyEngine::wait(CopyLane which, const CopyEvent& event) { lane(which).wait(event); }
+void CopyEngine::wait(CopyLane which, const CopyEvent& event) {
+  lane(which).wait(event);
+}
 
 CopyEvent CopyEngine::record_compute() {
   CopyEvent event;

@@ -90,8 +90,8 @@ at::Tensor allocate_host(c10::IntArrayRef sizes, c10::ScalarType dtype, HostAllo
     if (fd < 0 || ftruncate(fd, static_cast<off_t>(mapped)) != 0) {
       const int err = errno;
       if (fd >= 0) close(fd);
-      throw Error(fmt::format("allocate_host: cannot create {} bytes of shared memory: {}", mapped,
-                              std::strerror(err)));
+      throw Error(
+          fmt::format("allocate_host: cannot create {} bytes of shared memory: {}", mapped, std::strerror(err)));
     }
     data = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   } else {
@@ -157,6 +157,8 @@ HostBufferStats host_buffer_stats() {
   return {g_current.load(), g_peak.load(), g_pinned.load(), g_shared.load()};
 }
 
-void reset_peak_host_buffer_stats() { g_peak.store(g_current.load()); }
+void reset_peak_host_buffer_stats() {
+  g_peak.store(g_current.load());
+}
 
 }  // namespace stowage::memory

@@ -28,8 +28,9 @@ void adam_update(const at::Tensor& param, const at::Tensor& grad_in, const at::T
   const auto bias_correction2 = 1 - std::pow(beta2, step);
 
   if (hyper.amsgrad && !max_exp_avg_sq.defined()) {
-    throw InvalidArgument("Adam update: amsgrad is on but the parameter has no max_exp_avg_sq state (amsgrad was "
-                          "enabled after the state was created)");
+    throw InvalidArgument(
+        "Adam update: amsgrad is on but the parameter has no max_exp_avg_sq state (amsgrad was "
+        "enabled after the state was created)");
   }
   // The temporaries come first, so that a failure to allocate them changes nothing.
   at::Tensor grad = grad_in;

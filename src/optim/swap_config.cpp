@@ -32,10 +32,10 @@ void SwapOptimizerConfig::validate() const {
     if (!contains(supported_keys(), key)) unknown.push_back("'" + key + "'");
   }
   if (!unknown.empty()) {
-    throw InvalidArgument(fmt::format(
-        "SwapOptimizerConfig.state_keys only supports Adam/AdamW states ('exp_avg', 'exp_avg_sq', "
-        "'max_exp_avg_sq', 'master_param'), but got [{}].",
-        fmt::join(unknown, ", ")));
+    throw InvalidArgument(
+        fmt::format("SwapOptimizerConfig.state_keys only supports Adam/AdamW states ('exp_avg', 'exp_avg_sq', "
+                    "'max_exp_avg_sq', 'master_param'), but got [{}].",
+                    fmt::join(unknown, ", ")));
   }
   for (size_t i = 0; i < state_keys_.size(); ++i) {
     if (std::count(state_keys_.begin(), state_keys_.end(), state_keys_[i]) > 1) {

@@ -35,15 +35,15 @@ void set_update_fault_injector(SwapOptimizer& optimizer, std::function<void(int6
 
 // One state tensor of a parameter.
 struct UnitSlot {
-  int slot;               // StateSlot
-  at::Tensor* holder;     // the tensor inside the wrapped optimizer's state object
-  bool swapped = false;   // lives in the host layout
+  int slot;                 // StateSlot
+  at::Tensor* holder;       // the tensor inside the wrapped optimizer's state object
+  bool swapped = false;     // lives in the host layout
   int64_t host_offset = 0;  // packed mode: element offset in its dtype's host buffer
 };
 
 // A parameter that has optimizer state, with everything step() needs about it.
 struct Unit {
-  int64_t index = 0;   // the parameter's number across groups (its checkpoint id)
+  int64_t index = 0;  // the parameter's number across groups (its checkpoint id)
   size_t group = 0;
   at::Tensor param;
   bool has_grad = false;

@@ -32,9 +32,13 @@ using memory::CopyLane;
 
 namespace {
 
-int64_t align_up(int64_t value, int64_t alignment) { return (value + alignment - 1) / alignment * alignment; }
+int64_t align_up(int64_t value, int64_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
 
-int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+int64_t nbytes(const at::Tensor& t) {
+  return t.numel() * static_cast<int64_t>(t.element_size());
+}
 
 bool amsgrad_of(Family family, const torch::optim::OptimizerOptions& options) {
   return family == Family::kAdam ? static_cast<const torch::optim::AdamOptions&>(options).amsgrad()
@@ -61,8 +65,8 @@ SwapOptimizer::SwapOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
   for (const std::string& key : config_.swapped_keys()) {
     const int slot = detail::slot_of(key);
     if (!detail::family_has_slot(family_, slot)) {
-      throw InvalidArgument(fmt::format("Requested state key '{}' is not available for {}.", key,
-                                        detail::family_name(family_)));
+      throw InvalidArgument(
+          fmt::format("Requested state key '{}' is not available for {}.", key, detail::family_name(family_)));
     }
     swapped_slot_[slot] = true;
   }
@@ -130,7 +134,9 @@ bool is_swap_optimizer(const c10::IValue& value) {
   return stateful && dynamic_cast<SwapOptimizer*>(stateful.get()) != nullptr;
 }
 
-void SwapOptimizer::zero_grad() { optimizer_->zero_grad(); }
+void SwapOptimizer::zero_grad() {
+  optimizer_->zero_grad();
+}
 
 // ------------------------------------------------------------------ host layout
 
@@ -185,9 +191,8 @@ std::vector<SlotRequest> SwapOptimizer::requests_for(std::vector<Unit>& units,
       request.param = impl;
       request.slot = slot.slot;
       request.holder = slot.holder;
-      const bool is_pending =
-          std::find(pending.begin(), pending.end(), std::make_pair(static_cast<const void*>(impl), slot.slot)) !=
-          pending.end();
+      const bool is_pending = std::find(pending.begin(), pending.end(),
+                                        std::make_pair(static_cast<const void*>(impl), slot.slot)) != pending.end();
       if (is_pending) {
         request.shape = unit.param.sizes().vec();
         request.dtype = state_dtype(family_, unit.param);
@@ -204,8 +209,7 @@ std::vector<SlotRequest> SwapOptimizer::requests_for(std::vector<Unit>& units,
       } else {
         const at::Tensor& t = *slot.holder;
         const bool swappable = t.defined() && swapped_slot_[slot.slot] && at::isFloatingType(t.scalar_type()) &&
-                               t.numel() >= min_numel && owns_whole_storage(t) &&
-                               (t.device() == device_ || t.is_cpu());
+                               t.numel() >= min_numel && owns_whole_storage(t) && (t.device() == device_ || t.is_cpu());
         if (!swappable) continue;  // stays where it is
         request.shape = t.sizes().vec();
         request.dtype = t.scalar_type();
@@ -219,9 +223,8 @@ std::vector<SlotRequest> SwapOptimizer::requests_for(std::vector<Unit>& units,
 }
 
 void SwapOptimizer::ensure_host_layout(std::vector<SlotRequest> requests) {
-  const bool unchanged =
-      requests.size() == layout_->entries.size() &&
-      std::all_of(requests.begin(), requests.end(), [](const SlotRequest& r) { return r.in_place; });
+  const bool unchanged = requests.size() == layout_->entries.size() &&
+                         std::all_of(requests.begin(), requests.end(), [](const SlotRequest& r) { return r.in_place; });
   if (unchanged) return;
 
   // The old host buffers are read on the CPU below: the downloads into them must be done.
@@ -454,19 +457,21 @@ void SwapOptimizer::recover_from_failure(std::exception_ptr cause, const std::ve
   } else {
     const auto batch = std::upper_bound(first_unit.begin(), first_unit.end(), processed) - first_unit.begin() - 1;
     outcome = fmt::format("the update stopped in batch {} of {}: ", batch, batches);
-    outcome += processed == 0 ? std::string("no parameter was updated")
-                              : fmt::format("parameters {} to {} were updated (those with a gradient), {} to {} "
-                                            "were not",
-                                            units.front().index, units[processed - 1].index, units[processed].index,
-                                            units.back().index);
+    outcome += processed == 0
+                   ? std::string("no parameter was updated")
+                   : fmt::format(
+                         "parameters {} to {} were updated (those with a gradient), {} to {} "
+                         "were not",
+                         units.front().index, units[processed - 1].index, units[processed].index, units.back().index);
   }
   if (!redone.empty()) {
     outcome += fmt::format("; the states of batch(es) {} were downloaded again", fmt::join(redone, ", "));
   }
   if (!kept.empty()) {
-    outcome += fmt::format("; the states of batch(es) {} could not be downloaded and stay on the device until the "
-                           "next step",
-                           fmt::join(kept, ", "));
+    outcome += fmt::format(
+        "; the states of batch(es) {} could not be downloaded and stay on the device until the "
+        "next step",
+        fmt::join(kept, ", "));
   }
   throw Error(fmt::format("Swap optimizer step failed: {} ({}; every state matches its parameter)", what, outcome));
 }
@@ -498,9 +503,10 @@ void SwapOptimizer::run_packed(std::vector<Unit>& units, const std::vector<int64
         const int64_t element = slot.holder->element_size();
         auto [it, first] = ranges[b].try_emplace(dtype, Range{slot.host_offset, slot.host_offset});
         if (!first && slot.host_offset != align_up(it->second.end, detail::kAlignmentBytes / element)) {
-          throw Error(fmt::format("Packed optimizer batch {} has a non-contiguous {} host range at state '{}' of "
-                                  "parameter {}.",
-                                  b, c10::toString(dtype), detail::slot_name(slot.slot), units[u].index));
+          throw Error(
+              fmt::format("Packed optimizer batch {} has a non-contiguous {} host range at state '{}' of "
+                          "parameter {}.",
+                          b, c10::toString(dtype), detail::slot_name(slot.slot), units[u].index));
         }
         it->second.end = slot.host_offset + slot.holder->numel();
       }

@@ -64,8 +64,7 @@ std::vector<ParamRange> shard_parameters(const std::vector<at::Tensor>& params, 
   return ranges;
 }
 
-ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<at::Tensor> params,
-                                                 const OptimizerFactory& make_optimizer,
+ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<at::Tensor> params, const OptimizerFactory& make_optimizer,
                                                  std::optional<dist::ProcessGroup> group,
                                                  ZeroRedundancyOptimizerOptions options)
     : params_(std::move(params)), group_(std::move(group)), rank_(group_ ? group_->rank() : 0) {

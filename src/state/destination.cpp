@@ -52,8 +52,8 @@ void check_writable_destination(const at::Tensor& tensor, const std::string& wha
     throw InvalidArgument(fmt::format("{} is an undefined tensor", what));
   }
   if (tensor.layout() != c10::kStrided) {
-    throw InvalidArgument(fmt::format("{} is a {} tensor; only dense tensors can be loaded into", what,
-                                      c10::toString(tensor.layout())));
+    throw InvalidArgument(
+        fmt::format("{} is a {} tensor; only dense tensors can be loaded into", what, c10::toString(tensor.layout())));
   }
   if (tensor.device().is_meta()) {
     throw InvalidArgument(fmt::format("{} is on the meta device, which holds no data to load into", what));

@@ -71,8 +71,8 @@ OptimizerLayout read_optimizer_layout(const StateDict& state, torch::optim::Opti
   const auto groups = groups_value.toList();
   auto& param_groups = optimizer.param_groups();
   if (groups.size() != param_groups.size()) {
-    throw InvalidArgument(fmt::format("{}: the state has {} param groups, the optimizer {}", where, groups.size(),
-                                      param_groups.size()));
+    throw InvalidArgument(
+        fmt::format("{}: the state has {} param groups, the optimizer {}", where, groups.size(), param_groups.size()));
   }
 
   OptimizerLayout layout;

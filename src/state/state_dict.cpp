@@ -50,14 +50,14 @@ bool is_container(const c10::IValue& value) {
 }
 
 void check_leaf(const c10::IValue& value, const ObjectPath& path) {
-  if (value.isTensor() || value.isInt() || value.isDouble() || value.isBool() ||
-      value.isString() || value.isNone() || value.isGenericDict() || value.isList()) {
+  if (value.isTensor() || value.isInt() || value.isDouble() || value.isBool() || value.isString() || value.isNone() ||
+      value.isGenericDict() || value.isList()) {
     return;
   }
-  throw InvalidArgument(fmt::format(
-      "state dict entry {} holds a value of type {}, which a state dict cannot hold "
-      "(supported: tensors, int, double, bool, string, None, lists and string-keyed dicts)",
-      describe(path), value.tagKind()));
+  throw InvalidArgument(
+      fmt::format("state dict entry {} holds a value of type {}, which a state dict cannot hold "
+                  "(supported: tensors, int, double, bool, string, None, lists and string-keyed dicts)",
+                  describe(path), value.tagKind()));
 }
 
 // Visits every leaf in traversal order.
@@ -138,8 +138,7 @@ struct Node {
     if (children.empty()) {
       is_list = list_element;
     } else if (is_list != list_element) {
-      throw InvalidArgument(fmt::format("flat state dict path {} mixes list indices and dict keys",
-                                        describe(path)));
+      throw InvalidArgument(fmt::format("flat state dict path {} mixes list indices and dict keys", describe(path)));
     }
     for (auto& existing : children) {
       if (existing.first == element) {
@@ -167,8 +166,8 @@ struct Node {
     for (const auto& [element, node] : children) {
       const int64_t index = std::get<int64_t>(element);
       if (index < 0 || index >= static_cast<int64_t>(children.size()) || ordered[index] != nullptr) {
-        throw InvalidArgument(fmt::format("flat state dict list at {} has index {} among {} elements",
-                                          describe(path), index, children.size()));
+        throw InvalidArgument(fmt::format("flat state dict list at {} has index {} among {} elements", describe(path),
+                                          index, children.size()));
       }
       ordered[index] = &node;
     }
@@ -231,9 +230,9 @@ std::string path_to_string(const ObjectPath& path) {
 void FlatStateDict::add(FlatEntry entry) {
   const auto [it, inserted] = index_.emplace(entry.fqn, entries_.size());
   if (!inserted) {
-    throw InvalidArgument(fmt::format(
-        "state dict entries {} and {} both flatten to the name '{}'",
-        describe_elements(entries_[it->second].path), describe_elements(entry.path), entry.fqn));
+    throw InvalidArgument(fmt::format("state dict entries {} and {} both flatten to the name '{}'",
+                                      describe_elements(entries_[it->second].path), describe_elements(entry.path),
+                                      entry.fqn));
   }
   entries_.push_back(std::move(entry));
 }
@@ -273,8 +272,8 @@ StateDict unflatten_state_dict(const FlatStateDict& flat) {
     ObjectPath prefix;
     for (const PathElement& element : entry.path) {
       if (node->is_leaf) {
-        throw InvalidArgument(fmt::format("flat state dict entry {} is both a value and a container",
-                                          describe(prefix)));
+        throw InvalidArgument(
+            fmt::format("flat state dict entry {} is both a value and a container", describe(prefix)));
       }
       prefix.push_back(element);
       node = &node->child(element, prefix);

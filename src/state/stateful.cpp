@@ -81,8 +81,8 @@ OptimizerKind adam_like(const char* name) {
   };
   kind.read_state = [](const torch::optim::OptimizerParamState& base) {
     const auto& s = static_cast<const State&>(base);
-    return ParamStateView{s.step(), {{"exp_avg", s.exp_avg()}, {"exp_avg_sq", s.exp_avg_sq()},
-                                     {"max_exp_avg_sq", s.max_exp_avg_sq()}}};
+    return ParamStateView{
+        s.step(), {{"exp_avg", s.exp_avg()}, {"exp_avg_sq", s.exp_avg_sq()}, {"max_exp_avg_sq", s.max_exp_avg_sq()}}};
   };
   kind.make_state = [](const ParamStateView& view) {
     auto s = std::make_unique<State>();
@@ -117,8 +117,12 @@ OptimizerKind sgd() {
     const double weight_decay = require_number(in, "weight_decay", where);
     const bool nesterov = require_bool(in, "nesterov", where);
     return std::function<void(torch::optim::OptimizerOptions&)>([=](torch::optim::OptimizerOptions& base) {
-      static_cast<torch::optim::SGDOptions&>(base).lr(lr).momentum(momentum).dampening(dampening)
-          .weight_decay(weight_decay).nesterov(nesterov);
+      static_cast<torch::optim::SGDOptions&>(base)
+          .lr(lr)
+          .momentum(momentum)
+          .dampening(dampening)
+          .weight_decay(weight_decay)
+          .nesterov(nesterov);
     });
   };
   kind.read_state = [](const torch::optim::OptimizerParamState& base) {
@@ -212,8 +216,8 @@ void ModuleState::check_load_state_dict(const StateDict& state) {
     }
     const c10::IValue value = state.at(item.key());
     if (!value.isTensor()) {
-      throw InvalidArgument(fmt::format("Module load_state_dict: '{}' must be a tensor, got {}", item.key(),
-                                        value.tagKind()));
+      throw InvalidArgument(
+          fmt::format("Module load_state_dict: '{}' must be a tensor, got {}", item.key(), value.tagKind()));
     }
     const at::Tensor& src = value.toTensor();
     const at::Tensor& dst = item.value().toTensor();
@@ -240,8 +244,7 @@ void ModuleState::load_state_dict(const StateDict& state) {
 
 // ------------------------------------------------------------- OptimizerState
 
-OptimizerState::OptimizerState(std::shared_ptr<torch::optim::Optimizer> optimizer)
-    : optimizer_(std::move(optimizer)) {
+OptimizerState::OptimizerState(std::shared_ptr<torch::optim::Optimizer> optimizer) : optimizer_(std::move(optimizer)) {
   if (!optimizer_) {
     throw InvalidArgument("OptimizerState: null optimizer");
   }
@@ -275,8 +278,8 @@ struct CheckedOptimizerState {
 
 CheckedOptimizerState check_optimizer_state(const OptimizerKind& kind, const StateDict& state,
                                             torch::optim::Optimizer& optimizer) {
-  CheckedOptimizerState checked{
-      read_optimizer_layout(state, optimizer, fmt::format("{} load_state_dict", kind.name)), {}};
+  CheckedOptimizerState checked{read_optimizer_layout(state, optimizer, fmt::format("{} load_state_dict", kind.name)),
+                                {}};
   for (const OptimizerLayout::Group& group : checked.layout.groups) {
     checked.apply_options.push_back(kind.read_options(group.options, group.where));
   }
@@ -285,20 +288,19 @@ CheckedOptimizerState check_optimizer_state(const OptimizerKind& kind, const Sta
     if (kind.has_step) require_int(entry.fields, "step", entry.where);
     for (const auto& field : entry.fields) {
       const std::string& key = field.key().toStringRef();
-      const bool known = (kind.has_step && key == "step") ||
-                         std::any_of(kind.tensor_keys.begin(), kind.tensor_keys.end(),
-                                     [&](const char* k) { return key == k; });
+      const bool known =
+          (kind.has_step && key == "step") ||
+          std::any_of(kind.tensor_keys.begin(), kind.tensor_keys.end(), [&](const char* k) { return key == k; });
       if (!known) {
         throw InvalidArgument(fmt::format("{}: unexpected entry '{}' for {}", entry.where, key, kind.name));
       }
       if (key == "step") continue;
       const c10::IValue& value = field.value();
       if (!value.isTensor() || !value.toTensor().defined() || value.toTensor().sizes() != param.sizes()) {
-        throw InvalidArgument(fmt::format("{}.{}: expected a tensor of shape [{}], got {}", entry.where, key,
-                                          fmt::join(param.sizes(), ", "),
-                                          value.isTensor() && value.toTensor().defined()
-                                              ? tensor_desc(value.toTensor())
-                                              : std::string(value.tagKind())));
+        throw InvalidArgument(fmt::format(
+            "{}.{}: expected a tensor of shape [{}], got {}", entry.where, key, fmt::join(param.sizes(), ", "),
+            value.isTensor() && value.toTensor().defined() ? tensor_desc(value.toTensor())
+                                                           : std::string(value.tagKind())));
       }
     }
   }

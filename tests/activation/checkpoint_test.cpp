@@ -180,8 +180,7 @@ TEST(Checkpoint, NonTensorInputsAndOutputsPassThrough) {
 
   reset_grads({t1, t2});
   const IValues plain = foo({t1, t2, scale, t3});
-  torch::autograd::backward(
-      {plain[1].toTensor().sum(), plain[4].toTensor().sum(), plain[6].toTensor().sum()});
+  torch::autograd::backward({plain[1].toTensor().sum(), plain[4].toTensor().sum(), plain[6].toTensor().sum()});
   EXPECT_TRUE(torch::allclose(t1.grad(), t1_grad));
   EXPECT_TRUE(torch::allclose(t2.grad(), t2_grad));
 }
@@ -530,9 +529,7 @@ TEST(Checkpoint, FnModifyingAnInputInPlaceIsACheckpointErrorNamingTheInput) {
 TEST(Checkpoint, ATensorInsideAContainerInputModifiedInPlaceIsDetected) {
   const at::Tensor x = torch::randn({3}).requires_grad_();
   const at::Tensor scale = torch::full({3}, 2.0);
-  const auto fn = [](const IValues& in) -> IValues {
-    return {in[0].toTensor() * in[1].toTensorList().get(0)};
-  };
+  const auto fn = [](const IValues& in) -> IValues { return {in[0].toTensor() * in[1].toTensorList().get(0)}; };
   const IValues out = checkpoint(fn, {x, c10::List<at::Tensor>({scale})});
   scale.add_(1);
   try {

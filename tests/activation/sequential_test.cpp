@@ -37,7 +37,8 @@ std::vector<at::Tensor> take_grads(const std::vector<at::Tensor>& tensors) {
 // plain model's, here bit for bit.
 template <typename Modules>
 void expect_equal_to_plain_run(torch::nn::Sequential model, const Modules& modules, int64_t segments) {
-  const at::Tensor x = torch::randn({1, 100, 20}, torch::TensorOptions().device(testing::test_device())).requires_grad_();
+  const at::Tensor x =
+      torch::randn({1, 100, 20}, torch::TensorOptions().device(testing::test_device())).requires_grad_();
   std::vector<at::Tensor> leaves = model->parameters();
   leaves.push_back(x);
 
@@ -160,8 +161,8 @@ int64_t step_peak_bytes(const at::Tensor& x, Forward&& forward) {
 // would modify it again in the recomputation: refused, as for checkpoint().
 TEST(CheckpointSequential, ASegmentModifyingItsInputInPlaceIsACheckpointError) {
   torch::manual_seed(0);
-  torch::nn::Sequential model(torch::nn::Functional([](at::Tensor x) { return x.add_(1); }),
-                              torch::nn::Linear(6, 6), torch::nn::Tanh(), torch::nn::Linear(6, 2));
+  torch::nn::Sequential model(torch::nn::Functional([](at::Tensor x) { return x.add_(1); }), torch::nn::Linear(6, 6),
+                              torch::nn::Tanh(), torch::nn::Linear(6, 2));
   const at::Tensor original = torch::randn({5, 6});
   at::Tensor input = original.clone();
   try {

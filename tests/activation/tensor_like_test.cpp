@@ -38,10 +38,10 @@ TEST(IsTensorLike, TensorOnTheBuildsDeviceIsTensorLike) {
 }
 
 TEST(IsTensorLike, DocstringExamples) {
-  EXPECT_TRUE(is_tensor_like(SubTensor(torch::ones({1}))));  // Tensor subclass instance: True
-  EXPECT_FALSE(is_tensor_like(6));                           // 6: False
-  EXPECT_FALSE(is_tensor_like(c10::IValue()));               // None: False
-  EXPECT_FALSE(is_tensor_like(NotATensor{}));                // a plain object: False
+  EXPECT_TRUE(is_tensor_like(SubTensor(torch::ones({1}))));    // Tensor subclass instance: True
+  EXPECT_FALSE(is_tensor_like(6));                             // 6: False
+  EXPECT_FALSE(is_tensor_like(c10::IValue()));                 // None: False
+  EXPECT_FALSE(is_tensor_like(NotATensor{}));                  // a plain object: False
   EXPECT_TRUE(is_tensor_like(TensorProxy{torch::ones({1})}));  // defines the protocol: True
 }
 

@@ -28,8 +28,7 @@ std::string last_json_line(const std::string& output) {
 TEST(BenchDcp, JsonHasEveryFigureAndTheScratchSpaceIsRemoved) {
   const fs::path dir = fs::temp_directory_path() / ("stowage-bench-test-" + std::to_string(getpid()));
   fs::create_directories(dir);
-  const auto result =
-      run_command(stowage_binary() + " bench dcp --size-mib 4 --nproc 2 --json --dir " + dir.string());
+  const auto result = run_command(stowage_binary() + " bench dcp --size-mib 4 --nproc 2 --json --dir " + dir.string());
   ASSERT_EQ(result.status, 0) << result.output;
   const std::string last = last_json_line(result.output);
   const nlohmann::json figures = nlohmann::json::parse(last);
@@ -49,7 +48,8 @@ TEST(BenchDcp, JsonHasEveryFigureAndTheScratchSpaceIsRemoved) {
 TEST(BenchDcp, DeviceStagingJsonHasEveryFigure) {
   const fs::path dir = fs::temp_directory_path() / ("stowage-bench-device-test-" + std::to_string(getpid()));
   fs::create_directories(dir);
-  const auto result = run_command(stowage_binary() + " bench dcp --device cpu --size-mib 4 --json --dir " + dir.string());
+  const auto result =
+      run_command(stowage_binary() + " bench dcp --device cpu --size-mib 4 --json --dir " + dir.string());
   ASSERT_EQ(result.status, 0) << result.output;
   const std::string last = last_json_line(result.output);
   const nlohmann::json figures = nlohmann::json::parse(last);

@@ -8,11 +8,13 @@
 namespace stowage::testing {
 
 struct CommandResult {
-  int status = -1;  // exit status, or 128 + signal
+  int status = -1;     // exit status, or 128 + signal
   std::string output;  // stdout and stderr
 };
 
-inline std::string stowage_binary() { return std::string(STOWAGE_BINARY_DIR) + "/stowage"; }
+inline std::string stowage_binary() {
+  return std::string(STOWAGE_BINARY_DIR) + "/stowage";
+}
 
 inline CommandResult run_command(const std::string& command) {
   CommandResult result;

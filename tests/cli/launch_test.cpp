@@ -35,8 +35,8 @@ TEST(Launch, GivesEachRankTorchrunsEnvironment) {
 }
 
 TEST(Launch, AFailingRankStopsTheOthersAndSetsTheExitStatus) {
-  const auto result = run_command(stowage_binary() +
-                                  " launch --nproc 3 -- sh -c 'if [ $RANK = 1 ]; then exit 7; fi; exec sleep 600'");
+  const auto result =
+      run_command(stowage_binary() + " launch --nproc 3 -- sh -c 'if [ $RANK = 1 ]; then exit 7; fi; exec sleep 600'");
   EXPECT_EQ(result.status, 7) << result.output;
   EXPECT_NE(result.output.find("rank 1 exited with status 7"), std::string::npos) << result.output;
 }
@@ -52,7 +52,8 @@ TEST(Cli, VersionAndHelpListTheSubcommands) {
   EXPECT_EQ(version.status, 0);
   EXPECT_NE(version.output.find("stowage 0."), std::string::npos) << version.output;
   // The LibTorch it was built against, and whether CUDA is in.
-  EXPECT_NE(version.output.find(std::string("\nLibTorch ") + TORCH_VERSION + "\n"), std::string::npos) << version.output;
+  EXPECT_NE(version.output.find(std::string("\nLibTorch ") + TORCH_VERSION + "\n"), std::string::npos)
+      << version.output;
   EXPECT_NE(version.output.find("\nCUDA"), std::string::npos) << version.output;
   const auto help = run_command(stowage_binary() + " --help");
   EXPECT_EQ(help.status, 0);

@@ -76,12 +76,12 @@ TEST(Options, EveryIntegerOptionNamesWhatIsWrongWithItsValue) {
   for (const NumericOption& o : kIntegerOptions) {
     SCOPED_TRACE(o.command + " " + o.option);
     const std::string below = std::to_string(o.minimum - 1);
-    expect_refused(run_with(o, below), o.option + ": " + below + " is below the minimum of " +
-                                           std::to_string(o.minimum));
+    expect_refused(run_with(o, below),
+                   o.option + ": " + below + " is below the minimum of " + std::to_string(o.minimum));
     if (o.maximum > 0) {
       const std::string above = std::to_string(o.maximum + 1);
-      expect_refused(run_with(o, above), o.option + ": " + above + " is above the maximum of " +
-                                             std::to_string(o.maximum));
+      expect_refused(run_with(o, above),
+                     o.option + ": " + above + " is above the maximum of " + std::to_string(o.maximum));
     }
   }
   expect_refused(run_with(kIntegerOptions[0], "abc"), "--steps: abc is not an integer");

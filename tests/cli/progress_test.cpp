@@ -62,7 +62,7 @@ TEST(ProgressLine, NarrowerTerminalsDropTheLeastImportantFieldsFirst) {
   EXPECT_THAT(fit_progress_line(fields, 80), HasSubstr("loss 2.346"));
   EXPECT_THAT(fit_progress_line(fields, 80), Not(HasSubstr("staging")));
   EXPECT_EQ(fit_progress_line(fields, 13), "  1234/100000");  // the step count, aligned for later steps
-  EXPECT_EQ(fit_progress_line(fields, 4), "  12");              // cut when nothing else fits
+  EXPECT_EQ(fit_progress_line(fields, 4), "  12");            // cut when nothing else fits
 }
 
 // A run under a pseudo-terminal `columns` wide: every redraw of the progress line fits.
@@ -70,8 +70,7 @@ std::vector<std::string> redraws_at_width(int columns) {
   testing::RunDir dir;
   const std::string command = "stty cols " + std::to_string(columns) + " rows 24; exec " + testing::stowage_binary() +
                               " train --run-dir " + dir.str() + testing::kSmall + " --steps 12 --ckpt-every 6";
-  const testing::CommandResult result =
-      testing::run_command("script -qec '" + command + "' /dev/null");
+  const testing::CommandResult result = testing::run_command("script -qec '" + command + "' /dev/null");
   EXPECT_EQ(result.status, 0) << result.output;
   std::vector<std::string> redraws;
   const std::string redraw = "\r\033[2K";

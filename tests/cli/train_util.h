@@ -20,10 +20,12 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 // A small model, so that each run takes seconds; every capability stays on.
-inline const std::string kSmall = " --layers 2 --width 64 --heads 2 --batch 8 --seq-len 32 --threads 1 --log-every 1000";
+inline const std::string kSmall =
+    " --layers 2 --width 64 --heads 2 --batch 8 --seq-len 32 --threads 1 --log-every 1000";
 
 struct RunDir {
-  RunDir() : path(fs::temp_directory_path() / ("stowage-train-" + std::to_string(getpid()) + "-" + std::to_string(++n))) {
+  RunDir()
+      : path(fs::temp_directory_path() / ("stowage-train-" + std::to_string(getpid()) + "-" + std::to_string(++n))) {
     fs::remove_all(path);
   }
   ~RunDir() { fs::remove_all(path); }

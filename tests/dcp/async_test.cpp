@@ -37,7 +37,9 @@ size_t entries_in(const char* dir) {
   return count;
 }
 
-size_t thread_count() { return entries_in("/proc/self/task"); }
+size_t thread_count() {
+  return entries_in("/proc/self/task");
+}
 
 StateDict filled(float value, int count = 4, int64_t numel = 1024) {
   StateDict state;
@@ -359,7 +361,9 @@ TEST(DcpAsyncSave, ACachingStagerSharedByTwoWritersKeepsEachSnapshot) {
   EXPECT_FALSE(BlockingAsyncStager().reuses_buffers());
 }
 
-size_t open_descriptors() { return entries_in("/proc/self/fd"); }
+size_t open_descriptors() {
+  return entries_in("/proc/self/fd");
+}
 
 size_t mappings() {
   std::ifstream maps("/proc/self/maps");
@@ -448,8 +452,7 @@ TEST(DcpAsyncSave, ASecondSaveOnTheSameWriterWaitsForTheFirst) {
   AsyncSaveResponse first = async_save(filled(1), writer);
   writer.reached.wait();
   EXPECT_TRUE(writer.has_pending_save());
-  EXPECT_THROW(async_save(filled(2), writer, nullptr, AsyncSaveOptions().if_save_pending(PendingSave::kReject)),
-               Error);
+  EXPECT_THROW(async_save(filled(2), writer, nullptr, AsyncSaveOptions().if_save_pending(PendingSave::kReject)), Error);
 
   std::atomic<bool> second_started{false};
   AsyncSaveResponse second;

@@ -18,9 +18,9 @@
 namespace stowage::dcp {
 namespace {
 
+using testing::data_files;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using testing::data_files;
 using testing::metadata_path;
 using testing::read_file;
 using testing::ScratchDir;

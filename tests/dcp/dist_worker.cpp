@@ -56,10 +56,11 @@ namespace {
 int64_t g_rank = 0;
 int64_t g_world = 1;
 
-#define REQUIRE(condition, ...)                                                                             \
-  do {                                                                                                     \
-    if (!(condition)) throw std::runtime_error(fmt::format("rank {}: check failed: {}: {}", g_rank,        \
-                                                           #condition, fmt::format(__VA_ARGS__)));         \
+#define REQUIRE(condition, ...)                                                                        \
+  do {                                                                                                 \
+    if (!(condition))                                                                                  \
+      throw std::runtime_error(                                                                        \
+          fmt::format("rank {}: check failed: {}: {}", g_rank, #condition, fmt::format(__VA_ARGS__))); \
   } while (0)
 
 // The split of `size` into `world` parts, the first ones one longer (uneven shards).
@@ -129,14 +130,15 @@ void check_state(const stowage::StateDict& state, double generation) {
   const auto expect_shard = [&](const char* name, const c10::IValue& value, const torch::Tensor& global, int64_t dim) {
     const auto [offset, length] = split(global.size(dim), g_world, g_rank);
     REQUIRE(torch::equal(local_of(value), global.narrow(dim, offset, length)), "{} differs (generation {})", name,
-          generation);
+            generation);
   };
   expect_shard("rows", state.at("rows"), global_rows(generation), 0);
   expect_shard("big", state.at("big"), global_big(generation), 0);
   const auto model = state.at("model").toGenericDict();
   expect_shard("cols", model.at("cols"), global_cols(generation), 1);
   for (int i = 0; i < 4; ++i) {
-    REQUIRE(torch::equal(model.at("rep" + std::to_string(i)).toTensor(), replicated(i, generation)), "rep{} differs", i);
+    REQUIRE(torch::equal(model.at("rep" + std::to_string(i)).toTensor(), replicated(i, generation)), "rep{} differs",
+            i);
   }
   REQUIRE(model.at("scale").toTensor().item<double>() == 2.5 + generation, "scale differs");
   REQUIRE(state.at("step").toInt() == int64_t(1000 + generation), "step is {}", state.at("step").toInt());
@@ -153,11 +155,11 @@ void check_metadata(const dcp::Metadata& metadata) {
     writers.insert(rep->chunks[0].rank);
   }
   // Fewest bytes planned so far: the replicated tensors spread over the ranks.
-  REQUIRE(static_cast<int64_t>(writers.size()) == std::min<int64_t>(g_world, 4), "replicated tensors written by {} ranks",
-        writers.size());
+  REQUIRE(static_cast<int64_t>(writers.size()) == std::min<int64_t>(g_world, 4),
+          "replicated tensors written by {} ranks", writers.size());
   const dcp::EntryMetadata* cols = metadata.find("model.cols");
   REQUIRE(cols != nullptr && static_cast<int64_t>(cols->chunks.size()) == g_world, "cols has {} chunks",
-        cols->chunks.size());
+          cols->chunks.size());
   for (const dcp::TensorChunk& chunk : cols->chunks) {
     REQUIRE(chunk.box.offsets[1] == split(9, g_world, chunk.rank).first, "cols chunk of rank {} misplaced", chunk.rank);
   }
@@ -188,7 +190,8 @@ void load_command(const dist::ProcessGroup& group, const std::string& dir) {
   const int64_t own = local_of(big.at("big")).numel() * 4;
   const int64_t bound = own + 2 * dcp::kChecksumBlockBytes * static_cast<int64_t>(metadata.find("big")->chunks.size());
   REQUIRE(reader.bytes_read() <= bound, "read {} bytes of 'big' for a shard of {} bytes", reader.bytes_read(), own);
-  if (g_world > 1) REQUIRE(reader.bytes_read() < 256 * 1024 * 4, "read the whole of 'big' ({} bytes)", reader.bytes_read());
+  if (g_world > 1)
+    REQUIRE(reader.bytes_read() < 256 * 1024 * 4, "read the whole of 'big' ({} bytes)", reader.bytes_read());
 }
 
 void async_command(const dist::ProcessGroup& group, const std::string& dir) {
@@ -338,7 +341,7 @@ void fail_command(const dist::ProcessGroup& group, const std::string& dir) {
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
     REQUIRE(name == dcp::kMetadataFileName || std::find(files.begin(), files.end(), name) != files.end(),
-          "stray file '{}'", name);
+            "stray file '{}'", name);
   }
 }
 

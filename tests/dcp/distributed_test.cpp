@@ -29,8 +29,8 @@ const std::string kStowage = std::string(STOWAGE_BINARY_DIR) + "/stowage";
 
 // `stowage launch --nproc N -- dist_worker <commands>`; every rank must succeed.
 void launch(int nproc, const std::string& commands) {
-  const auto run = ::stowage::testing::run_command(
-      fmt::format("{} launch --nproc {} -- {} {}", kStowage, nproc, kWorker, commands));
+  const auto run =
+      ::stowage::testing::run_command(fmt::format("{} launch --nproc {} -- {} {}", kStowage, nproc, kWorker, commands));
   EXPECT_EQ(run.status, 0) << "launch --nproc " << nproc << " " << commands << "\n" << run.output;
   for (int rank = 0; rank < nproc; ++rank) {
     EXPECT_NE(run.output.find(fmt::format("rank {} of {}: ok", rank, nproc)), std::string::npos) << run.output;

@@ -25,8 +25,8 @@ class C10ThrowingStateful : public Stateful {
 
 TEST(DcpErrorMessages, ARanksC10ErrorIsReportedWithoutLibTorchsBacktrace) {
   const ScratchDir dir;
-  const dist::ProcessGroup group = dist::init_process_group("127.0.0.1", testing::free_port(), 0, 1,
-                                                            dist::ProcessGroupOptions().timeout(std::chrono::seconds(20)));
+  const dist::ProcessGroup group = dist::init_process_group(
+      "127.0.0.1", testing::free_port(), 0, 1, dist::ProcessGroupOptions().timeout(std::chrono::seconds(20)));
   StateDict state;
   state.insert("w", torch::ones({4}));
   state.insert("throws", as_ivalue(c10::make_intrusive<C10ThrowingStateful>()));

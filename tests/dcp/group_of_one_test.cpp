@@ -14,8 +14,8 @@ using testing::ScratchDir;
 
 TEST(DcpGroupOfOne, ErrorsOfAGroupSaveOrLoadAreCheckpointErrorsAndChangeNothing) {
   const ScratchDir dir;
-  const dist::ProcessGroup group = dist::init_process_group("127.0.0.1", testing::free_port(), 0, 1,
-                                                      dist::ProcessGroupOptions().timeout(std::chrono::seconds(20)));
+  const dist::ProcessGroup group = dist::init_process_group(
+      "127.0.0.1", testing::free_port(), 0, 1, dist::ProcessGroupOptions().timeout(std::chrono::seconds(20)));
   StateDict state;
   state.insert("w", torch::ones({4}));
   save(state, dir.path(), group);

@@ -176,7 +176,8 @@ TEST(DcpLoadValidation, AStatefulsOrAShardsUnwritableTensorIsRejectedNamingTheEn
   expect_invalid_naming([&] { load(target, dir.path()); }, {"entry 'picky.w'", "overlap"});
   EXPECT_TRUE(torch::equal(target.at("a").toTensor(), torch::zeros({3})));
 
-  StateDict sharded = of({{"a", torch::zeros({3})}, {"s", sharded_tensor(torch::zeros({1, 5}).expand({2, 5}), {4, 5}, {2, 0})}});
+  StateDict sharded =
+      of({{"a", torch::zeros({3})}, {"s", sharded_tensor(torch::zeros({1, 5}).expand({2, 5}), {4, 5}, {2, 0})}});
   expect_invalid_naming([&] { load(sharded, dir.path(), LoadOptions().allow_partial_load(true)); },
                         {"entry 's'", "overlap"});
   EXPECT_TRUE(torch::equal(sharded.at("a").toTensor(), torch::zeros({3})));

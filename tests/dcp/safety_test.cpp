@@ -203,9 +203,10 @@ TEST(DcpSafety, ATruncatedFileFailsTheLoadNamingKeyAndFile) {
   Damaged d;
   const std::string path = d.file_of("first");
   std::string bytes = testing::read_file(path);
-  const StorageLocation& last = location_of(d.metadata, "second.weight").offset > location_of(d.metadata, "first").offset
-                                    ? location_of(d.metadata, "second.weight")
-                                    : location_of(d.metadata, "first");
+  const StorageLocation& last =
+      location_of(d.metadata, "second.weight").offset > location_of(d.metadata, "first").offset
+          ? location_of(d.metadata, "second.weight")
+          : location_of(d.metadata, "first");
   ASSERT_EQ(::truncate(path.c_str(), last.offset + last.length - 1), 0);
   const std::string key = &last == &location_of(d.metadata, "first") ? "first" : "second.weight";
   expect_error_naming([&] { load(d.target, d.dir.path()); }, {key, last.file, "truncated"});
@@ -215,7 +216,8 @@ TEST(DcpSafety, ATruncatedFileFailsTheLoadNamingKeyAndFile) {
 TEST(DcpSafety, AMissingFileFailsTheLoadNamingKeyAndFile) {
   Damaged d;
   ASSERT_EQ(::unlink(d.file_of("first").c_str()), 0);
-  expect_error_naming([&] { load(d.target, d.dir.path()); }, {"first", location_of(d.metadata, "first").file, "missing"});
+  expect_error_naming([&] { load(d.target, d.dir.path()); },
+                      {"first", location_of(d.metadata, "first").file, "missing"});
   d.expect_target_untouched();
 }
 

@@ -35,8 +35,8 @@ StateDict of(std::initializer_list<std::pair<std::string, c10::IValue>> items) {
 TEST(DcpSaveLoad, EveryDtypeRoundTrips) {
   const c10::Device device = test_device();
   const std::vector<c10::ScalarType> dtypes = {
-      c10::kByte, c10::kChar, c10::kShort, c10::kInt, c10::kLong, c10::kHalf, c10::kBFloat16,
-      c10::kFloat, c10::kDouble, c10::kBool, c10::kComplexHalf, c10::kComplexFloat, c10::kComplexDouble};
+      c10::kByte,  c10::kChar,   c10::kShort, c10::kInt,         c10::kLong,         c10::kHalf,         c10::kBFloat16,
+      c10::kFloat, c10::kDouble, c10::kBool,  c10::kComplexHalf, c10::kComplexFloat, c10::kComplexDouble};
   StateDict state;
   StateDict target;
   for (c10::ScalarType dtype : dtypes) {
@@ -134,9 +134,15 @@ TEST(DcpSaveLoad, NonTensorValuesRoundTrip) {
                         {"empty_dict", c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get())},
                         {"empty_list", c10::List<int64_t>()}});
   save(state, dir.path());
-  StateDict target = of({{"int", int64_t(0)},          {"big", int64_t(0)},        {"double", 0.0},
-                         {"nan", 0.0},                 {"inf", 0.0},               {"bool", false},
-                         {"string", std::string()},    {"none", c10::IValue()},    {"ints", c10::List<int64_t>()},
+  StateDict target = of({{"int", int64_t(0)},
+                         {"big", int64_t(0)},
+                         {"double", 0.0},
+                         {"nan", 0.0},
+                         {"inf", 0.0},
+                         {"bool", false},
+                         {"string", std::string()},
+                         {"none", c10::IValue()},
+                         {"ints", c10::List<int64_t>()},
                          {"doubles", c10::List<double>()},
                          {"empty_dict", c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get())},
                          {"empty_list", c10::List<int64_t>()}});
@@ -198,7 +204,8 @@ TEST(DcpSaveLoad, LayoutOnDiskFollowsTheOptions) {
     for (int i = 0; i < 7; ++i) target.insert("t" + std::to_string(i), torch::zeros({100 + i * 37}));
     load(target, dir.path());
     for (int i = 0; i < 7; ++i) {
-      EXPECT_TRUE(torch::equal(target.at("t" + std::to_string(i)).toTensor(), state.at("t" + std::to_string(i)).toTensor()));
+      EXPECT_TRUE(
+          torch::equal(target.at("t" + std::to_string(i)).toTensor(), state.at("t" + std::to_string(i)).toTensor()));
     }
   }
   {
@@ -238,8 +245,8 @@ TEST(DcpSaveLoad, ModuleAndFreshAdamResumeExactly) {
   auto resumed = make_model();
   auto resumed_optimizer = std::make_shared<torch::optim::Adam>(resumed->parameters(), torch::optim::AdamOptions(1));
   ASSERT_TRUE(resumed_optimizer->state().empty());
-  StateDict target = of({{"model", as_ivalue(resumed.ptr())}, {"optim", as_ivalue(resumed_optimizer)},
-                         {"epoch", int64_t(0)}});
+  StateDict target =
+      of({{"model", as_ivalue(resumed.ptr())}, {"optim", as_ivalue(resumed_optimizer)}, {"epoch", int64_t(0)}});
   load(target, dir.path());
   EXPECT_EQ(target.at("epoch").toInt(), 3);
   EXPECT_EQ(resumed_optimizer->state().size(), optimizer->state().size());

@@ -124,14 +124,22 @@ TEST(DcpShard, VersionOneCheckpointsStillLoadWholeOrInPart) {
   for (const EntryMetadata& entry : saved.entries) {
     nlohmann::json chunks = nlohmann::json::array();
     for (const TensorChunk& chunk : entry.chunks) {
-      chunks.push_back({{"offsets", chunk.box.offsets}, {"sizes", chunk.box.sizes}, {"rank", chunk.rank},
-                        {"file", chunk.location.file}, {"offset", chunk.location.offset},
-                        {"length", chunk.location.length}, {"xxh3", fmt::format("{:016x}", chunk.location.checksum)}});
+      chunks.push_back({{"offsets", chunk.box.offsets},
+                        {"sizes", chunk.box.sizes},
+                        {"rank", chunk.rank},
+                        {"file", chunk.location.file},
+                        {"offset", chunk.location.offset},
+                        {"length", chunk.location.length},
+                        {"xxh3", fmt::format("{:016x}", chunk.location.checksum)}});
     }
-    entries.push_back({{"fqn", entry.fqn}, {"path", {entry.fqn}}, {"kind", "tensor"},
-                       {"dtype", c10::toString(entry.dtype)}, {"shape", entry.shape}, {"chunks", chunks}});
+    entries.push_back({{"fqn", entry.fqn},
+                       {"path", {entry.fqn}},
+                       {"kind", "tensor"},
+                       {"dtype", c10::toString(entry.dtype)},
+                       {"shape", entry.shape},
+                       {"chunks", chunks}});
   }
-  nlohmann::json metadata{{"format", "stowage.dcp"}, {"version", 1},         {"save_id", saved.save_id},
+  nlohmann::json metadata{{"format", "stowage.dcp"}, {"version", 1},           {"save_id", saved.save_id},
                           {"world_size", 1},         {"byte_order", "little"}, {"alignment", kChunkAlignment},
                           {"entries", entries}};
   testing::write_file(testing::metadata_path(dir.path()), metadata.dump());
@@ -174,7 +182,9 @@ TEST(DcpPlanner, RandomShardingsWithEmptyPiecesAnywherePlanOnceAndTile) {
   // (repeats and ends make empty pieces), an empty piece at a random offset: the global
   // plan writes every non-empty piece once and the recorded chunks tile the tensor.
   std::mt19937 random(13);
-  const auto draw = [&](int64_t low, int64_t high) { return std::uniform_int_distribution<int64_t>(low, high)(random); };
+  const auto draw = [&](int64_t low, int64_t high) {
+    return std::uniform_int_distribution<int64_t>(low, high)(random);
+  };
   for (int trial = 0; trial < 300; ++trial) {
     const int64_t world = draw(2, 6);
     std::vector<int64_t> shape;

@@ -25,7 +25,7 @@ using testing::ScratchDir;
 
 // Replaces the file at `path` by a file-system object of one kind.
 struct SpecialKind {
-  std::string name;  // as the error says it: "a FIFO"
+  std::string name;                              // as the error says it: "a FIFO"
   std::function<bool(const std::string&)> make;  // false where this machine cannot
 };
 

@@ -36,7 +36,9 @@ namespace {
 
 #if !defined(STOWAGE_WITH_CUDA)
 
-TEST(Device, NeedsACudaBuild) { SKIP_WITHOUT_A_GPU(); }
+TEST(Device, NeedsACudaBuild) {
+  SKIP_WITHOUT_A_GPU();
+}
 
 #else
 
@@ -50,7 +52,9 @@ struct DeviceActivity {
   uint64_t start_ns = 0;
   uint64_t end_ns = 0;
   bool is_copy(const std::string& direction) const { return name.find("Memcpy " + direction) != std::string::npos; }
-  bool is_kernel() const { return name.find("Memcpy") == std::string::npos && name.find("Memset") == std::string::npos; }
+  bool is_kernel() const {
+    return name.find("Memcpy") == std::string::npos && name.find("Memset") == std::string::npos;
+  }
 };
 
 std::vector<DeviceActivity> device_timeline(const std::function<void()>& work) {
@@ -137,8 +141,9 @@ TEST(Device, DefaultStagerCopiesOnItsOwnStreamWhileComputeRuns) {
     busy_compute(40);  // the training step that goes on meanwhile, on the default stream
     staged->get();
   });
-  EXPECT_TRUE(ran_concurrently(timeline, [](const DeviceActivity& a) { return a.is_copy("DtoH"); },
-                               [](const DeviceActivity& a) { return a.is_kernel(); }))
+  EXPECT_TRUE(ran_concurrently(
+      timeline, [](const DeviceActivity& a) { return a.is_copy("DtoH"); },
+      [](const DeviceActivity& a) { return a.is_kernel(); }))
       << describe(timeline);
 }
 
@@ -146,7 +151,8 @@ TEST(Device, SwapOptimizerUploadsDownloadsAndUpdatesOverlap) {
   SKIP_WITHOUT_A_GPU();
   torch::manual_seed(0);
   std::vector<at::Tensor> params;
-  for (int i = 0; i < 16; ++i) params.push_back(torch::randn({1 << 21}, at::TensorOptions().device(kCuda)).requires_grad_());
+  for (int i = 0; i < 16; ++i)
+    params.push_back(torch::randn({1 << 21}, at::TensorOptions().device(kCuda)).requires_grad_());
   auto adam = std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-3));
   auto optimizer = stowage::optim::swap_optimizer(adam, stowage::optim::SwapOptimizerConfig().swap_times(8));
   const auto set_grads = [&] {

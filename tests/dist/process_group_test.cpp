@@ -41,11 +41,12 @@ TEST(DistProcessGroup, TheEnvironmentIsCheckedNamingTheVariable) {
   EXPECT_THROW(init_process_group_from_env(), InvalidArgument);
   setenv("RANK", "1", 1);  // not within a world of 1
   EXPECT_THROW(init_process_group_from_env(), InvalidArgument);
-  EXPECT_THROW(init_process_group("127.0.0.1", 29500, 0, 1, ProcessGroupOptions().timeout(std::chrono::milliseconds(0))),
-               InvalidArgument);
   EXPECT_THROW(
-      init_process_group("127.0.0.1", 29500, 0, 1, ProcessGroupOptions().check_in_timeout(std::chrono::milliseconds(0))),
+      init_process_group("127.0.0.1", 29500, 0, 1, ProcessGroupOptions().timeout(std::chrono::milliseconds(0))),
       InvalidArgument);
+  EXPECT_THROW(init_process_group("127.0.0.1", 29500, 0, 1,
+                                  ProcessGroupOptions().check_in_timeout(std::chrono::milliseconds(0))),
+               InvalidArgument);
   for (const char* name : {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"}) unsetenv(name);
 }
 

@@ -110,7 +110,6 @@ TEST(CopyEngine, KeepsTheTensorsOfAPendingCopyAlive) {
   EXPECT_TRUE(torch::equal(dst, torch::full({1 << 20}, 5.0f)));
 }
 
-
 // Fails the copy numbered `failing` on `lane` after writing -1 into its destination.
 void fail_copy(CopyEngine& engine, CopyLane lane, int64_t failing) {
   engine.set_fault_injector([=](CopyLane at, int64_t number, const at::Tensor& dst) {

@@ -13,7 +13,9 @@
 namespace stowage::memory {
 namespace {
 
-int64_t page() { return static_cast<int64_t>(sysconf(_SC_PAGESIZE)); }
+int64_t page() {
+  return static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+}
 
 TEST(HostArena, SmallTensorsShareOneArenaEachAlignedAndSeparate) {
   const int64_t before = host_buffer_stats().current_bytes;

@@ -45,7 +45,9 @@ TEST(Partition, EqualCostsSplitEvenly) {
   }
 }
 
-TEST(Partition, RejectsNonPositiveParts) { EXPECT_THROW(partition_by_cost({1}, 0), InvalidArgument); }
+TEST(Partition, RejectsNonPositiveParts) {
+  EXPECT_THROW(partition_by_cost({1}, 0), InvalidArgument);
+}
 
 void expect_invalid(const SwapOptimizerConfig& config, const std::string& message) {
   try {

@@ -39,8 +39,8 @@ StateDict converted(const StateDict& sd, torch::Dtype dtype) {
   for (const auto& item : sd.at("state").toGenericDict()) {
     auto entry = c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
     for (const auto& field : item.value().toGenericDict()) {
-      entry.insert(field.key(), field.value().isTensor() ? c10::IValue(field.value().toTensor().to(dtype))
-                                                         : field.value());
+      entry.insert(field.key(),
+                   field.value().isTensor() ? c10::IValue(field.value().toTensor().to(dtype)) : field.value());
     }
     per_param.insert(item.key(), entry);
   }
@@ -191,8 +191,8 @@ TEST_P(SwapCheckpoint, ADcpLoadWithOtherParamGroupsFailsBeforeAnythingChanges) {
   auto swap = swap_optimizer(adamw_in_groups(params, {2, 3}), config());
   train([&] { swap->step(); }, params, 0, 2);
   const char* base = std::getenv("TMPDIR");
-  const std::string dir = std::string(base != nullptr && *base != '\0' ? base : "/tmp") +
-                          "/stowage-swap-groups-" + std::to_string(::getpid()) + (GetParam() ? "-packed" : "");
+  const std::string dir = std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/stowage-swap-groups-" +
+                          std::to_string(::getpid()) + (GetParam() ? "-packed" : "");
   dcp::save(checkpoint_state(params, swap, 3), dir);
 
   for (const std::vector<size_t>& groups : {std::vector<size_t>{5}, std::vector<size_t>{3, 2}}) {

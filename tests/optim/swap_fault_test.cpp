@@ -19,14 +19,14 @@
 namespace stowage::optim {
 namespace {
 
-using ::testing::HasSubstr;
-using ::testing::Not;
 using memory::CopyLane;
 using testing::clone_params;
 using testing::expect_params_equal;
 using testing::expect_state_dicts_equal;
+using ::testing::HasSubstr;
 using testing::kSwappedNumel;
 using testing::make_params;
+using ::testing::Not;
 using testing::plain_state_dict;
 using testing::set_grads;
 
@@ -113,9 +113,8 @@ Outcome failing_step(Pair& pair, int step) {
 // on normally; they must agree after each step, and the swap must be back to holding no
 // state on the device.
 void expect_consistent_after(Pair& pair, int step, const std::vector<size_t>& updated, const Outcome& outcome) {
-  set_grads(pair.plain_params, step, [&](size_t i, int) {
-    return std::find(updated.begin(), updated.end(), i) != updated.end();
-  });
+  set_grads(pair.plain_params, step,
+            [&](size_t i, int) { return std::find(updated.begin(), updated.end(), i) != updated.end(); });
   pair.plain->step();
   pair.expect_matches_plain();
   pair.step(step + 1);
@@ -244,7 +243,8 @@ TEST_P(SwapFaults, AParameterListedTwiceAfterWrappingIsRejectedBeforeAnythingCha
     SCOPED_TRACE("through add_param_group before the first step");
     auto params = make_params(testing::Shapes(kParams, {kSwappedNumel}));
     auto plain_params = clone_params(params);
-    auto swap = swap_optimizer(decaying_adamw(params), SwapOptimizerConfig().swap_times(kSwapTimes).packed_swap(packed()));
+    auto swap =
+        swap_optimizer(decaying_adamw(params), SwapOptimizerConfig().swap_times(kSwapTimes).packed_swap(packed()));
     swap->optimizer().add_param_group(torch::optim::OptimizerParamGroup({params[3]}));
     set_grads(params, 0);
     try {
@@ -311,10 +311,9 @@ TEST_P(SwapFaults, AmsgradTurnedOffWhenItsStateIsToBeSwappedIsRejectedAtStep) {
   EXPECT_TRUE(swap->optimizer().state().empty());
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, SwapFaults, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? "Packed" : "PerTensor";
-                         });
+INSTANTIATE_TEST_SUITE_P(Modes, SwapFaults, ::testing::Bool(), [](const ::testing::TestParamInfo<bool>& info) {
+  return info.param ? "Packed" : "PerTensor";
+});
 
 }  // namespace
 }  // namespace stowage::optim

@@ -27,7 +27,9 @@ struct Case {
   SwapOptimizerConfig config;
 };
 
-void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
 
 std::vector<torch::optim::OptimizerParamGroup> two_groups(const std::vector<torch::Tensor>& params,
                                                           std::unique_ptr<torch::optim::OptimizerOptions> first,

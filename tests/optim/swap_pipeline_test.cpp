@@ -66,7 +66,8 @@ TEST_P(SwapPipeline, OneCopyPerDtypePerBatchWhenDtypesMix) {
 
 TEST_P(SwapPipeline, BetweenStepsOnlyUnswappedStatesUseDeviceMemory) {
   memory::enable_accounting();
-  auto params = make_params({{kSwappedNumel}, {kSwappedNumel}, {kSwappedNumel}, {kSwappedNumel}, {kSwappedNumel}, {kSwappedNumel}, {100}});
+  auto params = make_params(
+      {{kSwappedNumel}, {kSwappedNumel}, {kSwappedNumel}, {kSwappedNumel}, {kSwappedNumel}, {kSwappedNumel}, {100}});
   set_grads(params, 0);
   const int64_t model_bytes = memory::memory_allocated();
   const int64_t host_before = memory::host_buffer_stats().current_bytes;
@@ -137,10 +138,10 @@ TEST_P(SwapPipeline, ParametersWithoutGradientsKeepTheirState) {
     reference.step();
   }
   testing::expect_params_equal(reference_params, params);
-  testing::expect_state_dicts_equal(OptimizerState(std::shared_ptr<torch::optim::Optimizer>(
-                                                       &reference, [](torch::optim::Optimizer*) {}))
-                                        .state_dict(),
-                                    swap->state_dict());
+  testing::expect_state_dicts_equal(
+      OptimizerState(std::shared_ptr<torch::optim::Optimizer>(&reference, [](torch::optim::Optimizer*) {}))
+          .state_dict(),
+      swap->state_dict());
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, SwapPipeline, ::testing::Bool(),

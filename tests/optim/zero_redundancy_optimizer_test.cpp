@@ -22,19 +22,17 @@
 namespace stowage::optim {
 namespace {
 
-using ::testing::HasSubstr;
 using stowage::testing::run_ranks;
 using testing::adamw;
 using testing::clone_params;
 using testing::expect_params_equal;
 using testing::expect_state_dicts_equal;
+using ::testing::HasSubstr;
 
 const testing::Shapes kZeroShapes = {{16, 8}, {8}, {32, 4}, {4}, {7}, {3, 3}, {40}};
 
 ZeroRedundancyOptimizer::OptimizerFactory decaying_adamw_factory() {
-  return [](std::vector<at::Tensor> share) {
-    return adamw(share, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
-  };
+  return [](std::vector<at::Tensor> share) { return adamw(share, torch::optim::AdamWOptions(1e-2).weight_decay(0.1)); };
 }
 
 // Gradients that depend only on the parameters' values and the step, so every rank

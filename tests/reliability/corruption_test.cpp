@@ -30,13 +30,20 @@ enum class Fault { kFlipData, kFlipMetadata, kTruncate, kDelete, kSwapDataFile, 
 
 const char* fault_name(Fault fault) {
   switch (fault) {
-    case Fault::kFlipData: return "flip_data";
-    case Fault::kFlipMetadata: return "flip_metadata";
-    case Fault::kTruncate: return "truncate";
-    case Fault::kDelete: return "delete";
-    case Fault::kSwapDataFile: return "swap_data_file";
-    case Fault::kSwapMetadata: return "swap_metadata";
-    default: return "?";
+    case Fault::kFlipData:
+      return "flip_data";
+    case Fault::kFlipMetadata:
+      return "flip_metadata";
+    case Fault::kTruncate:
+      return "truncate";
+    case Fault::kDelete:
+      return "delete";
+    case Fault::kSwapDataFile:
+      return "swap_data_file";
+    case Fault::kSwapMetadata:
+      return "swap_metadata";
+    default:
+      return "?";
   }
 }
 
@@ -140,8 +147,8 @@ TEST(Corruption, DamagedCheckpointsFailNamingTheCulpritAndNeverLoadWrongData) {
       const bool names_culprit = std::any_of(pair.names.begin(), pair.names.end(), [&](const std::string& name) {
         return message.find(name) != std::string::npos;
       });
-      EXPECT_TRUE(names_culprit) << "trial " << trial << ": " << what << ": the error names no entry or file: "
-                                 << message;
+      EXPECT_TRUE(names_culprit) << "trial " << trial << ": " << what
+                                 << ": the error names no entry or file: " << message;
       // Damage is a CorruptionError naming its entry or file; a deleted metadata file, an
       // IoError (there is no checkpoint to be corrupt); a flipped version number, the
       // plain Error of a format this build does not read.

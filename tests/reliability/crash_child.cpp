@@ -50,7 +50,8 @@ int main(int argc, char** argv) {
   say("ready");
   try {
     for (;; ++generation) {
-      dcp::FileSystemWriter writer(directory_of(generation), dcp::FileSystemWriterOptions(options).overwrite(overwrite));
+      dcp::FileSystemWriter writer(directory_of(generation),
+                                   dcp::FileSystemWriterOptions(options).overwrite(overwrite));
       if (mode == "sync") {
         dcp::save(state, writer);
         reliability::fill_generation(state, generation + 1);

@@ -40,8 +40,8 @@ struct FailedSave {
 // its tensors with `next_generation` and checks them. A save that succeeds is a test
 // failure, reported with `why_it_must_fail`, and returns an empty FailedSave.
 inline FailedSave failing_save(const std::string& dir, const SaveConfig& config, StateDict& training,
-                                        dcp::DefaultStager& background, int64_t next_generation,
-                                        const std::string& why_it_must_fail) {
+                               dcp::DefaultStager& background, int64_t next_generation,
+                               const std::string& why_it_must_fail) {
   dcp::FileSystemWriter writer(
       dir, dcp::FileSystemWriterOptions().single_file_per_rank(config.single_file).thread_count(config.threads));
   try {

@@ -80,14 +80,12 @@ TEST(FullDisk, SavesIntoAFullFileSystemFailCleanlyAndLeakNothing) {
   for (int round = 0; round < 3; ++round) {
     for (const SaveConfig& config : kSaveConfigs) {
       SCOPED_TRACE(fmt::format("{} single_file={} threads={}", config.stager, config.single_file, config.threads));
-      const FailedSave failed =
-          failing_save(dir, config, training, background, 3 + round, "on a full file system");
+      const FailedSave failed = failing_save(dir, config, training, background, 3 + round, "on a full file system");
       const std::string& message = failed.message;
       EXPECT_EQ(failed.error_number, ENOSPC) << message;
       EXPECT_NE(failed.path.find(dir + "/"), std::string::npos) << failed.path;
       EXPECT_NE(message.find("No space left on device"), std::string::npos) << message;
-      EXPECT_TRUE(message.find("data-") != std::string::npos || message.find(".tmp-") != std::string::npos)
-          << message;
+      EXPECT_TRUE(message.find("data-") != std::string::npos || message.find(".tmp-") != std::string::npos) << message;
       ++failures;
       // The previous checkpoint, exactly as it was.
       EXPECT_EQ(dcp::testing::list_files(dir), committed);

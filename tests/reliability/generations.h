@@ -16,13 +16,17 @@ namespace stowage::reliability {
 
 // Tensors of several dtypes and sizes (about 1.5 MiB in all), plus plain values.
 inline StateDict generation_state(int64_t generation) {
-  const auto seeded = [&](int64_t k) { return at::detail::createCPUGenerator(uint64_t(generation) * 1000 + uint64_t(k)); };
+  const auto seeded = [&](int64_t k) {
+    return at::detail::createCPUGenerator(uint64_t(generation) * 1000 + uint64_t(k));
+  };
   StateDict model;
   model.insert("embed.weight", at::randn({256, 384}, seeded(0)));
   model.insert("block.0.weight", at::randn({128, 512}, seeded(1), at::TensorOptions().dtype(at::kDouble)));
   model.insert("block.0.bias", at::randn({512}, seeded(2)).to(at::kBFloat16));
-  model.insert("block.1.counts", at::randint(-1000000, 1000000, {4096}, seeded(3), at::TensorOptions().dtype(at::kLong)));
-  model.insert("block.1.mask", at::randint(0, 2, {3000}, seeded(4), at::TensorOptions().dtype(at::kLong)).to(at::kBool));
+  model.insert("block.1.counts",
+               at::randint(-1000000, 1000000, {4096}, seeded(3), at::TensorOptions().dtype(at::kLong)));
+  model.insert("block.1.mask",
+               at::randint(0, 2, {3000}, seeded(4), at::TensorOptions().dtype(at::kLong)).to(at::kBool));
   model.insert("head.weight", at::randn({97, 33}, seeded(5)).to(at::kHalf));
   model.insert("empty", at::empty({0, 7}));
   StateDict state;

@@ -68,11 +68,9 @@ TEST(HostileMetadata, IsRejectedBeforeAnyAllocationOrRead) {
        "'opt.w'"},  // rejected for its missing block checksums, before its size is trusted
       {"negative size", [](dcp::Metadata& m) { first_chunk(m).box.sizes = {-256}; }, "opt.w"},
       {"negative offset", [](dcp::Metadata& m) { first_chunk(m).location.offset = -64; }, "must not be negative"},
-      {"offset past the end", [](dcp::Metadata& m) { first_chunk(m).location.offset = int64_t(1) << 50; },
-       "truncated"},
+      {"offset past the end", [](dcp::Metadata& m) { first_chunk(m).location.offset = int64_t(1) << 50; }, "truncated"},
       {"offset overflowing",
-       [](dcp::Metadata& m) { first_chunk(m).location.offset = std::numeric_limits<int64_t>::max() - 8; },
-       "overflows"},
+       [](dcp::Metadata& m) { first_chunk(m).location.offset = std::numeric_limits<int64_t>::max() - 8; }, "overflows"},
       {"overlapping chunks of a tensor",
        [](dcp::Metadata& m) {
          dcp::TensorChunk second = first_chunk(m);
@@ -88,7 +86,11 @@ TEST(HostileMetadata, IsRejectedBeforeAnyAllocationOrRead) {
        },
        "overlap in data file"},
       {"unknown dtype", [](dcp::Metadata& m) { m.entries[0].dtype = c10::kQInt8; }, "unknown dtype 'QInt8'"},
-      {"chunk of another rank", [](dcp::Metadata& m) { first_chunk(m).box = {{0, 0}, {256, 1}}; }, "dimensions"},
+      {"chunk of another rank",
+       [](dcp::Metadata& m) {
+         first_chunk(m).box = {{0, 0}, {256, 1}};
+       },
+       "dimensions"},
   };
   int64_t rejected = 0;
   for (const Case& c : cases) {

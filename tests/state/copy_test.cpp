@@ -88,7 +88,8 @@ TEST(CopyStateDict, PinnedRequestFallsBackWhereTheBuildCannotPin) {
   EXPECT_TRUE(staged.at("w").toTensor().equal(src.at("w").toTensor()));
 }
 
-void expect_rejected_unchanged(const StateDict& src, StateDict& dst, const std::string& culprit, bool type_check = true) {
+void expect_rejected_unchanged(const StateDict& src, StateDict& dst, const std::string& culprit,
+                               bool type_check = true) {
   const at::Tensor w_before = dst.at("w").toTensor().clone();
   try {
     copy_state_dict(src, dst, false, type_check);

@@ -7,7 +7,9 @@
 namespace stowage {
 namespace {
 
-c10::impl::GenericDict dict() { return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()); }
+c10::impl::GenericDict dict() {
+  return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
+}
 
 StateDict nested() {
   StateDict sd;
@@ -35,8 +37,8 @@ TEST(StateDict, FlattenNamesLeavesInOrder) {
   const FlatStateDict flat = flatten_state_dict(nested());
   std::vector<std::string> names;
   for (const auto& e : flat.entries()) names.push_back(e.fqn);
-  EXPECT_EQ(names, (std::vector<std::string>{"model.layers.0.weight", "model.bias", "list.0", "list.1.x",
-                                              "list.1.name", "step", "lr", "flag", "none", "ints", "empty"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"model.layers.0.weight", "model.bias", "list.0", "list.1.x", "list.1.name",
+                                             "step", "lr", "flag", "none", "ints", "empty"}));
   const FlatEntry& w = flat.at("model.layers.0.weight");
   ASSERT_EQ(w.path.size(), 2u);
   EXPECT_EQ(std::get<std::string>(w.path[1]), "layers.0.weight");

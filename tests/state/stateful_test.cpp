@@ -100,8 +100,7 @@ TEST(OptimizerState, SgdWithMomentumResumesBitIdentically) {
   expect_exact_resume([](torch::nn::Sequential& m) {
     return std::make_shared<torch::optim::SGD>(
         groups(m, std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(0.1).momentum(0.9)),
-               std::make_unique<torch::optim::SGDOptions>(
-                   torch::optim::SGDOptions(0.05).momentum(0.5).nesterov(true))),
+               std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(0.05).momentum(0.5).nesterov(true))),
         torch::optim::SGDOptions(0.1));
   });
 }

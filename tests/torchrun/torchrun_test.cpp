@@ -25,12 +25,15 @@ namespace {
 const std::string kTorchrun = STOWAGE_TORCHRUN;
 const std::string kWorker = std::string(STOWAGE_BINARY_DIR) + "/tests/dcp_dist_worker";
 
-#define SKIP_WITHOUT_TORCHRUN()                                                                   \
-  if (kTorchrun.empty()) GTEST_SKIP() << "no torchrun in this build: configure with the torch wheel " \
-                                         "(STOWAGE_LIBTORCH=wheel)"
+#define SKIP_WITHOUT_TORCHRUN()                                                \
+  if (kTorchrun.empty())                                                       \
+  GTEST_SKIP() << "no torchrun in this build: configure with the torch wheel " \
+                  "(STOWAGE_LIBTORCH=wheel)"
 
 // A free loopback port for a rendezvous or a store.
-int free_port() { return dcp::testing::free_port(); }
+int free_port() {
+  return dcp::testing::free_port();
+}
 
 std::string torchrun(const std::string& args) {
   // --monitor-interval 0.1: notice a dead worker quickly; the rendezvous stays on loopback.
@@ -52,8 +55,8 @@ TEST(Torchrun, SavesAndLoadsADistributedCheckpointWithTwoRanks) {
 
 // `stowage train` with the small model of train_util.h, under torchrun's arguments.
 std::string train_under_torchrun(const std::string& torchrun_args, const RunDir& dir, const std::string& args) {
-  return torchrun(fmt::format("{} {} train --run-dir {}{} {}", torchrun_args, stowage_binary(), dir.str(), kSmall,
-                              args));
+  return torchrun(
+      fmt::format("{} {} train --run-dir {}{} {}", torchrun_args, stowage_binary(), dir.str(), kSmall, args));
 }
 
 TEST(Torchrun, TrainsWithTwoRanksAsStowagesOwnLauncherDoes) {
@@ -99,7 +102,9 @@ std::vector<pid_t> train_workers(const std::string& run_dir) {
   return pids;
 }
 
-bool committed(const std::string& checkpoint) { return fs::exists(fs::path(checkpoint) / ".metadata.json"); }
+bool committed(const std::string& checkpoint) {
+  return fs::exists(fs::path(checkpoint) / ".metadata.json");
+}
 
 TEST(Torchrun, AnElasticRestartAfterAKilledRankResumesAndEndsBitIdentical) {
   SKIP_WITHOUT_TORCHRUN();

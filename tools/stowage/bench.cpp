@@ -61,8 +61,11 @@ void run_all(bool as_json) {
   if (as_json) {
     nlohmann::json targets = nlohmann::json::array();
     for (const auto& row : rows) {
-      targets.push_back({{"benchmark", row.benchmark}, {"figure", row.figure}, {"value", row.value},
-                         {"target", row.target}, {"met", row.met}});
+      targets.push_back({{"benchmark", row.benchmark},
+                         {"figure", row.figure},
+                         {"value", row.value},
+                         {"target", row.target},
+                         {"met", row.met}});
     }
     fmt::print("{}\n", nlohmann::json{{"dcp", bench::to_json(dcp)},
                                       {"activation", bench::to_json(activation)},

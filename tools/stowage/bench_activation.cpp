@@ -11,7 +11,8 @@ namespace stowage::cli {
 
 void add_bench_activation(CLI::App& bench) {
   auto* command = bench.add_subcommand(
-      "activation", "Activation checkpointing: step time and peak memory of a deep MLP, plain vs checkpoint_sequential");
+      "activation",
+      "Activation checkpointing: step time and peak memory of a deep MLP, plain vs checkpoint_sequential");
   auto config = std::make_shared<stowage::bench::ActivationBenchConfig>();
   auto json = std::make_shared<bool>(false);
   command->add_flag("--json", *json, "print the figures as JSON");

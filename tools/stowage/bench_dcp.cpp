@@ -23,7 +23,8 @@ namespace {
 double distributed_save_gbps(const bench::DcpBenchOptions& options, int nproc) {
   const std::string parent = options.dir.empty() ? std::filesystem::temp_directory_path().string() : options.dir;
   std::string scratch = parent + "/stowage-bench-dcp-ranks-XXXXXX";
-  if (mkdtemp(scratch.data()) == nullptr) throw Error(fmt::format("bench dcp: cannot create a directory in '{}'", parent));
+  if (mkdtemp(scratch.data()) == nullptr)
+    throw Error(fmt::format("bench dcp: cannot create a directory in '{}'", parent));
   const std::string result_file = scratch + "/result";
   const int status =
       launch_ranks(nproc, 0, std::chrono::seconds(10),
@@ -41,7 +42,8 @@ double distributed_save_gbps(const bench::DcpBenchOptions& options, int nproc) {
 }  // namespace
 
 void add_bench_dcp(CLI::App& bench) {
-  CLI::App* dcp = bench.add_subcommand("dcp", "Checkpoint staging, save and load against memcpy, the disk and torch::save");
+  CLI::App* dcp =
+      bench.add_subcommand("dcp", "Checkpoint staging, save and load against memcpy, the disk and torch::save");
   auto options = std::make_shared<bench::DcpBenchOptions>();
   auto json = std::make_shared<bool>(false);
   auto nproc = std::make_shared<int>(0);

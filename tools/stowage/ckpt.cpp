@@ -43,8 +43,9 @@ std::string run_dir_of(const std::string& dir) {
 void list(const std::string& dir, bool as_json, bool all) {
   auto checkpoints = dcp::list_checkpoints(checkpoints_dir(run_dir_of(dir)));
   if (!all) {
-    checkpoints.erase(std::remove_if(checkpoints.begin(), checkpoints.end(), [](const auto& c) { return !c.committed; }),
-                      checkpoints.end());
+    checkpoints.erase(
+        std::remove_if(checkpoints.begin(), checkpoints.end(), [](const auto& c) { return !c.committed; }),
+        checkpoints.end());
   }
   if (checkpoints.empty() && !fs::is_directory(checkpoints_dir(run_dir_of(dir)))) {
     throw InvalidArgument(fmt::format("'{}' is not a run directory: it has no checkpoints/ folder", dir));
@@ -101,8 +102,11 @@ void inspect(const std::string& dir, bool as_json) {
     entries.push_back(row);
   }
   if (as_json) {
-    fmt::print("{}\n", json{{"path", dir}, {"save_id", metadata.save_id}, {"ranks", metadata.world_size},
-                            {"version", metadata.version}, {"entries", entries}}
+    fmt::print("{}\n", json{{"path", dir},
+                            {"save_id", metadata.save_id},
+                            {"ranks", metadata.world_size},
+                            {"version", metadata.version},
+                            {"entries", entries}}
                            .dump(2));
     return;
   }
@@ -154,7 +158,8 @@ void add_ckpt_command(CLI::App& app) {
   };
   auto options = std::make_shared<Options>();
   auto* ls = ckpt->add_subcommand("ls", "List a run's checkpoints (run directory or its checkpoints/)");
-  auto* show = ckpt->add_subcommand("inspect", "Show a checkpoint's entries: key, dtype, shape, bytes, chunks, checksum");
+  auto* show =
+      ckpt->add_subcommand("inspect", "Show a checkpoint's entries: key, dtype, shape, bytes, chunks, checksum");
   auto* check = ckpt->add_subcommand("verify", "Read every chunk of a checkpoint and verify its checksum");
   for (CLI::App* sub : {ls, show, check}) {
     sub->add_option("dir", options->dir, "directory")->required();

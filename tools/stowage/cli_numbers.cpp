@@ -39,9 +39,8 @@ std::string integer_problem(const std::string& input, long long min, unsigned lo
 std::string positive_number_problem(const std::string& input) {
   char* end = nullptr;
   // strtod skips leading white space, which CLI11 would not pass on to the option.
-  const double value = input.empty() || std::isspace(static_cast<unsigned char>(input[0]))
-                           ? 0.0
-                           : std::strtod(input.c_str(), &end);
+  const double value =
+      input.empty() || std::isspace(static_cast<unsigned char>(input[0])) ? 0.0 : std::strtod(input.c_str(), &end);
   if (end == nullptr || end != input.c_str() + input.size()) {
     return fmt::format("{} is not a number", input);
   }

@@ -30,7 +30,7 @@ CLI::Validator integer_in(T min, T max = std::numeric_limits<T>::max()) {
   const std::string description = unbounded && min == 0   ? "NONNEGATIVE"
                                   : unbounded && min == 1 ? "POSITIVE"
                                   : unbounded             ? ">= " + std::to_string(min)
-                                                          : "[" + std::to_string(min) + " - " + std::to_string(max) + "]";
+                                              : "[" + std::to_string(min) + " - " + std::to_string(max) + "]";
   return CLI::Validator(
       [min, max](std::string& input) {
         return detail::integer_problem(input, static_cast<long long>(min), static_cast<unsigned long long>(max));

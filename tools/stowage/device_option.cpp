@@ -26,8 +26,8 @@ c10::Device parse_device(const std::string& text) {
   const int count = cuda_device_count();
   const int index = device.has_index() ? device.index() : 0;
   if (index >= count) {
-    throw InvalidArgument(fmt::format("--device '{}': this machine has {} CUDA device{} visible", text, count,
-                                      count == 1 ? "" : "s"));
+    throw InvalidArgument(
+        fmt::format("--device '{}': this machine has {} CUDA device{} visible", text, count, count == 1 ? "" : "s"));
   }
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
 }

@@ -127,11 +127,13 @@ void add_launch_command(CLI::App& app) {
   auto options = std::make_shared<Options>();
   cmd->add_option("--nproc", options->nproc, "number of ranks")->check(integer_in(1, 1024));
   cmd->add_option("--master-port", options->port, "rendezvous port (default: a free one)")->check(integer_in(0, 65535));
-  cmd->add_option("--grace", options->grace_s, "seconds between SIGTERM and SIGKILL for the other ranks after a failure")
+  cmd->add_option("--grace", options->grace_s,
+                  "seconds between SIGTERM and SIGKILL for the other ranks after a failure")
       ->check(non_negative_integer<int>());
   cmd->add_option("command", options->command, "the command to run, after --")->required();
   cmd->callback([options] {
-    const int code = launch_ranks(options->nproc, options->port, std::chrono::seconds(options->grace_s), options->command);
+    const int code =
+        launch_ranks(options->nproc, options->port, std::chrono::seconds(options->grace_s), options->command);
     if (code != 0) throw CLI::RuntimeError(code);
   });
 }

@@ -113,7 +113,8 @@ int64_t tensor_bytes(const std::vector<torch::Tensor>& tensors) {
 // local rank), one GPU per rank; anything else as parse_device reads it.
 c10::Device rank_device(const std::string& text) {
   const char* local_rank = std::getenv("LOCAL_RANK");
-  if (text == "cuda" && local_rank != nullptr && *local_rank != '\0') return parse_device("cuda:" + std::string(local_rank));
+  if (text == "cuda" && local_rank != nullptr && *local_rank != '\0')
+    return parse_device("cuda:" + std::string(local_rank));
   return parse_device(text);
 }
 
@@ -157,10 +158,11 @@ class Trainer {
     report_checkpoints(checkpoints_->wait());
     if (!progress_) return;
     if (first_step <= options_.steps) {
-      progress_->message(fmt::format("done: steps {}-{} in {:.1f} s, loss {:.3f} -> {:.3f}, peak activations {}, "
-                                     "optimizer state resident between steps {}",
-                                     first_step, options_.steps, seconds_since(run_start), first_loss, last_loss,
-                                     format_bytes(peak_activation_bytes_), format_bytes(resident_bytes_)));
+      progress_->message(
+          fmt::format("done: steps {}-{} in {:.1f} s, loss {:.3f} -> {:.3f}, peak activations {}, "
+                      "optimizer state resident between steps {}",
+                      first_step, options_.steps, seconds_since(run_start), first_loss, last_loss,
+                      format_bytes(peak_activation_bytes_), format_bytes(resident_bytes_)));
     } else {
       progress_->message(fmt::format("nothing to do: the run is already at step {}", step_));
     }
@@ -318,8 +320,8 @@ class Trainer {
     const std::optional<int64_t> step = checkpoints_->restore(state);
     if (!step) {
       if (progress_) {
-        progress_->message(fmt::format("no committed checkpoint in {}: starting from step 0",
-                                       checkpoints_->directory()));
+        progress_->message(
+            fmt::format("no committed checkpoint in {}: starting from step 0", checkpoints_->directory()));
       }
       return;
     }

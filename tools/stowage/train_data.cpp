@@ -39,8 +39,8 @@ Corpus Corpus::load(const std::string& path, int64_t min_bytes) {
     text = read_file(path);
   }
   if (static_cast<int64_t>(text.size()) < min_bytes) {
-    throw InvalidArgument(fmt::format("corpus '{}' has {} bytes; training needs at least {}", path, text.size(),
-                                      min_bytes));
+    throw InvalidArgument(
+        fmt::format("corpus '{}' has {} bytes; training needs at least {}", path, text.size(), min_bytes));
   }
   Corpus corpus;
   corpus.source_ = path;

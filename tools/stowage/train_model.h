@@ -37,8 +37,9 @@ class LanguageModelImpl : public torch::nn::Module {
   explicit LanguageModelImpl(const LanguageModelOptions& options);
   // tokens: [batch, time] int64 -> logits [batch, time, vocab]. `run_blocks` runs the
   // block stack (so that the caller can checkpoint it); by default it is run plainly.
-  torch::Tensor forward(const torch::Tensor& tokens,
-                        const std::function<torch::Tensor(torch::nn::Sequential&, const torch::Tensor&)>& run_blocks = {});
+  torch::Tensor forward(
+      const torch::Tensor& tokens,
+      const std::function<torch::Tensor(torch::nn::Sequential&, const torch::Tensor&)>& run_blocks = {});
   torch::nn::Sequential& blocks() { return blocks_; }
 
  private:

@@ -117,13 +117,14 @@ void Progress::step(const StepReport& r) {
 }
 
 void Progress::checkpoint(const CheckpointReport& r) {
-  metrics_ << nlohmann::json{{"event", "checkpoint"}, {"step", r.step},      {"staged_ms", r.staged_ms},
-                             {"committed_gbps", r.committed_gbps}, {"bytes", r.bytes}, {"path", r.path}}
+  metrics_ << nlohmann::json{{"event", "checkpoint"},    {"step", r.step},
+                             {"staged_ms", r.staged_ms}, {"committed_gbps", r.committed_gbps},
+                             {"bytes", r.bytes},         {"path", r.path}}
                   .dump()
            << '\n';
   metrics_.flush();
-  last_checkpoint_ = fmt::format("ckpt@{} staged {:.0f} ms, committed {:.2f} GB/s", r.step, r.staged_ms,
-                                 r.committed_gbps);
+  last_checkpoint_ =
+      fmt::format("ckpt@{} staged {:.0f} ms, committed {:.2f} GB/s", r.step, r.staged_ms, r.committed_gbps);
   if (interactive_) {
     draw();
   } else {

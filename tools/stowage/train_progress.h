@@ -17,14 +17,14 @@ struct StepReport {
   double loss = 0;
   double tokens_per_s = 0;
   double step_s = 0;
-  int64_t peak_activation_bytes = 0;   // peak allocator bytes during forward + backward
+  int64_t peak_activation_bytes = 0;     // peak allocator bytes during forward + backward
   int64_t optimizer_resident_bytes = 0;  // optimizer state held in device memory between steps
-  int64_t staging_bytes = 0;           // host staging buffers (checkpoint + swap)
+  int64_t staging_bytes = 0;             // host staging buffers (checkpoint + swap)
 };
 
 struct CheckpointReport {
   int64_t step = 0;
-  double staged_ms = 0;      // caller blocked by async_save
+  double staged_ms = 0;       // caller blocked by async_save
   double committed_gbps = 0;  // bytes / time from the start of the save to its commit
   int64_t bytes = 0;
   std::string path;

@@ -70,9 +70,9 @@ struct ManagedCheckpoint {
 struct SaveReport {
   int64_t step = 0;
   std::string path;
-  int64_t bytes = 0;                // of the chunks written, by every rank
-  double blocked_s = 0;             // the caller was blocked: in save() and wait_for_staging()
-  double commit_s = 0;              // from save() until it committed
+  int64_t bytes = 0;     // of the chunks written, by every rank
+  double blocked_s = 0;  // the caller was blocked: in save() and wait_for_staging()
+  double commit_s = 0;   // from save() until it committed
 };
 
 // Every step-<N> directory of `directory`, oldest first (none if it does not exist).

@@ -86,7 +86,7 @@ class FileSystemWriter : public StorageWriter, public BlockingAsyncStager {
   std::vector<std::string> created_files_;  // by the save in progress, for abort()
   struct DirectoryLock;
   std::unique_ptr<DirectoryLock> lock_;  // held by the save in progress
-  bool coordinator_ = false;              // prepare_global_plan ran for this save
+  bool coordinator_ = false;             // prepare_global_plan ran for this save
 };
 
 // Reads checkpoints from one directory. A chunk read in full is verified against its

@@ -76,7 +76,7 @@ struct EntryMetadata {
 
 struct Metadata {
   int64_t version = kFormatVersion;  // of the checkpoint it was decoded from
-  std::string save_id;      // unique per save; data file names carry it
+  std::string save_id;               // unique per save; data file names carry it
   int64_t world_size = 1;
   std::vector<EntryMetadata> entries;
 

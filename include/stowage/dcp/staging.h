@@ -90,7 +90,9 @@ struct StagingOptions {
   StagingOptions() = default;
   // The four switches in PyTorch's order.
   StagingOptions(bool pinned, bool shared, bool async_staging, bool non_blocking)
-      : use_pinned_memory_(pinned), use_shared_memory_(shared), use_async_staging_(async_staging),
+      : use_pinned_memory_(pinned),
+        use_shared_memory_(shared),
+        use_async_staging_(async_staging),
         use_non_blocking_copy_(non_blocking) {}
 
   // Page-locked staging buffers, where the build can pin (see memory::can_pin_memory).

@@ -22,11 +22,11 @@
 namespace stowage::memory {
 
 struct MemoryStats {
-  int64_t current_bytes = 0;     // live bytes now
-  int64_t peak_bytes = 0;        // most live bytes since the last reset_peak
-  int64_t allocations = 0;       // allocation calls since accounting started
-  int64_t allocated_bytes = 0;   // bytes requested since accounting started
-  int64_t cached_bytes = 0;      // released blocks kept for reuse, not in current_bytes
+  int64_t current_bytes = 0;    // live bytes now
+  int64_t peak_bytes = 0;       // most live bytes since the last reset_peak
+  int64_t allocations = 0;      // allocation calls since accounting started
+  int64_t allocated_bytes = 0;  // bytes requested since accounting started
+  int64_t cached_bytes = 0;     // released blocks kept for reuse, not in current_bytes
 };
 
 // Starts CPU accounting if it has not started. Thread-safe and idempotent.

@@ -49,7 +49,7 @@ class CopyEvent {
 
  private:
   friend class CopyEngine;
-  struct Marker;                           // CPU lanes
+  struct Marker;  // CPU lanes
   std::shared_ptr<Marker> marker_;
   std::shared_ptr<c10::Event> device_event_;  // stream lanes
   c10::optional<c10::Stream> stream_;         // where device_event_ was recorded

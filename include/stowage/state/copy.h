@@ -43,8 +43,7 @@ StateDict create_cpu_state_dict(const StateDict& state, CpuStateDictOptions opti
 // hold the same kind of value. Everything is checked before the first copy: on an
 // exception `dst` is unchanged. With `non_blocking`, device-to-pinned copies may still
 // be in flight on return; the caller synchronises the device stream.
-void copy_state_dict(const StateDict& src, StateDict& dst, bool non_blocking = false,
-                     bool type_check = true);
+void copy_state_dict(const StateDict& src, StateDict& dst, bool non_blocking = false, bool type_check = true);
 
 // Why copy_state_dict(src, dst, ..., type_check) would refuse the two structures (the
 // message its InvalidArgument would carry), or an empty string when it would copy.

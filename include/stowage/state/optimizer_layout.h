@@ -37,10 +37,10 @@ struct OptimizerLayout {
     std::string where;  // "<where>: state.<i>"
     c10::impl::GenericDict fields;
   };
-  std::vector<Group> groups;          // one per param group of the optimizer
-  std::vector<at::Tensor> params;     // the optimizer's parameters, across groups in order
-  std::vector<size_t> group_of;       // by parameter
-  std::vector<Entry> entries;         // the parameters that have state, in the dict's order
+  std::vector<Group> groups;       // one per param group of the optimizer
+  std::vector<at::Tensor> params;  // the optimizer's parameters, across groups in order
+  std::vector<size_t> group_of;    // by parameter
+  std::vector<Entry> entries;      // the parameters that have state, in the dict's order
 };
 
 // Checks the outline and throws stowage::InvalidArgument, with messages that start with

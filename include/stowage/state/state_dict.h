@@ -77,9 +77,9 @@ using ObjectPath = std::vector<PathElement>;
 std::string path_to_string(const ObjectPath& path);
 
 struct FlatEntry {
-  std::string fqn;     // fully-qualified name: the path joined with '.'
-  ObjectPath path;     // the exact path, which keeps keys that contain dots unambiguous
-  c10::IValue value;   // a leaf (never a dict, nor a list holding tensors or dicts)
+  std::string fqn;    // fully-qualified name: the path joined with '.'
+  ObjectPath path;    // the exact path, which keeps keys that contain dots unambiguous
+  c10::IValue value;  // a leaf (never a dict, nor a list holding tensors or dicts)
 };
 
 // A flattened state dict: its leaves in traversal order, addressable by name.
