@@ -28,6 +28,25 @@ std::optional<int64_t> step_of(const std::string& name) {
   return std::stoll(digits);
 }
 
+// The file-system calls below report failures as IoError, like the rest of dcp.
+void make_directory(const std::string& path) {
+  std::error_code error;
+  fs::create_directories(path, error);
+  if (error) {
+    throw IoError(fmt::format("CheckpointManager: cannot create '{}': {}", path, error.message()), path, "mkdir",
+                  error.value());
+  }
+}
+
+void remove_checkpoint(const std::string& path) {
+  std::error_code error;
+  fs::remove_all(path, error);
+  if (error) {
+    throw IoError(fmt::format("CheckpointManager: cannot remove '{}': {}", path, error.message()), path, "remove",
+                  error.value());
+  }
+}
+
 double seconds_between(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
@@ -61,11 +80,11 @@ CheckpointManager::CheckpointManager(std::string directory, CheckpointManagerOpt
                                     {"keep_every", options_.keep_every()}}) {
     if (value < 0) throw InvalidArgument(fmt::format("CheckpointManager: {} must be >= 0, got {}", name, value));
   }
-  fs::create_directories(directory_);
+  make_directory(directory_);
   if (!group_ || group_->rank() == 0) {
     // One job per directory: nothing uncommitted here can be a save in flight.
     for (const ManagedCheckpoint& checkpoint : list()) {
-      if (!checkpoint.committed) fs::remove_all(checkpoint.path);
+      if (!checkpoint.committed) remove_checkpoint(checkpoint.path);
     }
   }
   if (group_) group_->barrier();
@@ -79,11 +98,13 @@ std::string CheckpointManager::checkpoint_path(int64_t step) const {
 
 std::vector<ManagedCheckpoint> list_checkpoints(const std::string& directory) {
   std::vector<ManagedCheckpoint> found;
+  // Whatever cannot be read counts as absent: not a checkpoint, or not committed.
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(directory, error)) {
     const std::optional<int64_t> step = step_of(entry.path().filename().string());
-    if (!step || !entry.is_directory()) continue;
-    found.push_back(ManagedCheckpoint{*step, entry.path().string(), fs::exists(entry.path() / kMetadataFileName)});
+    if (!step || !entry.is_directory(error)) continue;
+    const bool committed = fs::exists(entry.path() / kMetadataFileName, error);
+    found.push_back(ManagedCheckpoint{*step, entry.path().string(), committed});
   }
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
   return found;
@@ -177,7 +198,7 @@ void CheckpointManager::prune() const {
     const bool stale_partial = !it->committed && newest && it->step < newest->step;
     const bool kept_for_good = options_.keep_every() > 0 && it->step % options_.keep_every() == 0;
     const bool beyond_keep = it->committed && ++committed_seen > options_.keep_last() && options_.keep_last() > 0;
-    if (stale_partial || (beyond_keep && !kept_for_good)) fs::remove_all(it->path);
+    if (stale_partial || (beyond_keep && !kept_for_good)) remove_checkpoint(it->path);
   }
 }
 

@@ -12,6 +12,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <filesystem>
 #include <vector>
 
@@ -141,6 +142,19 @@ TEST(DcpCheckpointManager, NegativeOptionsAreRefusedByName) {
     EXPECT_THAT(e.what(), HasSubstr("keep_last must be >= 0, got -1"));
   }
   EXPECT_THROW(CheckpointManager(dir.path(), CheckpointManagerOptions().save_every(-2)), InvalidArgument);
+}
+
+TEST(DcpCheckpointManager, ADirectoryItCannotCreateIsAnIoErrorNamingIt) {
+  const ScratchDir dir;
+  write_file(dir.sub("file"), "not a directory");
+  try {
+    CheckpointManager(dir.sub("file/run"));
+    ADD_FAILURE() << "made a checkpoint directory under a file";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.path(), dir.sub("file/run"));
+    EXPECT_EQ(e.operation(), "mkdir");
+    EXPECT_EQ(e.error_number(), ENOTDIR) << e.what();
+  }
 }
 
 TEST(DcpCheckpointManager, TwoRanksSaveAndRestoreTogether) {
