@@ -5,7 +5,7 @@
 # dcp state memory optim reliability activation) or thread (TSan; build-tsan; the suites
 # with threads of their own: memory for the copy engine, dcp for writer threads and
 # async stagers, optim for the swap optimizer's pipeline). STOWAGE_SANITIZE_MODULES
-# limits the library to the modules those suites need (e.g. "dcp;state;memory"), which
+# limits the library to the modules those suites need (e.g. "dcp;dist;state;memory"), which
 # halves a cold build. Suppressions, each explained, are in scripts/sanitizers/: only
 # orderings TSan cannot see because LibTorch's reference counts are uninstrumented.
 set -euo pipefail
