@@ -28,25 +28,6 @@ std::optional<int64_t> step_of(const std::string& name) {
   return std::stoll(digits);
 }
 
-// The file-system calls below report failures as IoError, like the rest of dcp.
-void make_directory(const std::string& path) {
-  std::error_code error;
-  fs::create_directories(path, error);
-  if (error) {
-    throw IoError(fmt::format("CheckpointManager: cannot create '{}': {}", path, error.message()), path, "mkdir",
-                  error.value());
-  }
-}
-
-void remove_checkpoint(const std::string& path) {
-  std::error_code error;
-  fs::remove_all(path, error);
-  if (error) {
-    throw IoError(fmt::format("CheckpointManager: cannot remove '{}': {}", path, error.message()), path, "remove",
-                  error.value());
-  }
-}
-
 double seconds_between(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
@@ -80,11 +61,12 @@ CheckpointManager::CheckpointManager(std::string directory, CheckpointManagerOpt
                                     {"keep_every", options_.keep_every()}}) {
     if (value < 0) throw InvalidArgument(fmt::format("CheckpointManager: {} must be >= 0, got {}", name, value));
   }
-  make_directory(directory_);
+  if (options_.env() == nullptr) throw InvalidArgument("CheckpointManager: the option env is null");
+  env().create_directories(directory_);
   if (!group_ || group_->rank() == 0) {
     // One job per directory: nothing uncommitted here can be a save in flight.
     for (const ManagedCheckpoint& checkpoint : list()) {
-      if (!checkpoint.committed) remove_checkpoint(checkpoint.path);
+      if (!checkpoint.committed) env().remove_tree(checkpoint.path);
     }
   }
   if (group_) group_->barrier();
@@ -96,22 +78,22 @@ std::string CheckpointManager::checkpoint_path(int64_t step) const {
   return (fs::path(directory_) / fmt::format("{}{:08d}", kStepPrefix, step)).string();
 }
 
-std::vector<ManagedCheckpoint> list_checkpoints(const std::string& directory) {
+std::vector<ManagedCheckpoint> list_checkpoints(const std::string& directory, Env& env) {
   std::vector<ManagedCheckpoint> found;
-  // Whatever cannot be read counts as absent: not a checkpoint, or not committed.
-  std::error_code error;
-  for (const auto& entry : fs::directory_iterator(directory, error)) {
-    const std::optional<int64_t> step = step_of(entry.path().filename().string());
-    if (!step || !entry.is_directory(error)) continue;
-    const bool committed = fs::exists(entry.path() / kMetadataFileName, error);
-    found.push_back(ManagedCheckpoint{*step, entry.path().string(), committed});
+  if (env.file_type(directory) == FileType::kAbsent) return found;
+  for (const std::string& name : env.list_directory(directory)) {
+    const std::optional<int64_t> step = step_of(name);
+    const std::string path = (fs::path(directory) / name).string();
+    if (!step || env.file_type(path) != FileType::kDirectory) continue;
+    const bool committed = env.file_type((fs::path(path) / kMetadataFileName).string()) != FileType::kAbsent;
+    found.push_back(ManagedCheckpoint{*step, path, committed});
   }
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
   return found;
 }
 
 std::vector<ManagedCheckpoint> CheckpointManager::list() const {
-  return list_checkpoints(directory_);
+  return list_checkpoints(directory_, env());
 }
 
 std::optional<ManagedCheckpoint> CheckpointManager::latest() const {
@@ -136,7 +118,7 @@ bool CheckpointManager::save(int64_t step, const StateDict& state, bool force) {
   auto pending = std::make_unique<Pending>();
   pending->step = step;
   pending->path = checkpoint_path(step);
-  pending->writer = std::make_unique<FileSystemWriter>(pending->path);
+  pending->writer = std::make_unique<FileSystemWriter>(pending->path, FileSystemWriterOptions().env(options_.env()));
   pending->started = Clock::now();
   pending->response = async_save(state, *pending->writer, &stager_, {}, group_);
   pending->blocked_s = seconds_between(pending->started, Clock::now());
@@ -198,7 +180,7 @@ void CheckpointManager::prune() const {
     const bool stale_partial = !it->committed && newest && it->step < newest->step;
     const bool kept_for_good = options_.keep_every() > 0 && it->step % options_.keep_every() == 0;
     const bool beyond_keep = it->committed && ++committed_seen > options_.keep_last() && options_.keep_last() > 0;
-    if (stale_partial || (beyond_keep && !kept_for_good)) remove_checkpoint(it->path);
+    if (stale_partial || (beyond_keep && !kept_for_good)) env().remove_tree(it->path);
   }
 }
 
@@ -210,7 +192,8 @@ std::optional<int64_t> CheckpointManager::restore(StateDict& state, LoadOptions 
   }
   if (group_) path = group_->broadcast(path, 0);
   if (path.empty()) return std::nullopt;
-  load(state, path, options, group_);
+  FileSystemReader reader(path, options_.env());
+  load(state, reader, options, group_);
   const std::optional<int64_t> step = step_of(fs::path(path).filename().string());
   TORCH_INTERNAL_ASSERT(step, "restored checkpoint ", path, " has no step in its name");
   last_saved_step_ = std::max(last_saved_step_, *step);

@@ -8,8 +8,8 @@
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
+#include <memory>
 #include <random>
-#include <system_error>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -19,18 +19,18 @@ namespace stowage::dcp::detail {
 
 namespace {
 
-const char* kind_of(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISSOCK(mode)) return "a socket";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISLNK(mode)) return "a symbolic link";
-  return "not a regular file";
+FileType type_of(mode_t mode) {
+  if (S_ISREG(mode)) return FileType::kRegular;
+  if (S_ISDIR(mode)) return FileType::kDirectory;
+  if (S_ISFIFO(mode)) return FileType::kFifo;
+  if (S_ISSOCK(mode)) return FileType::kSocket;
+  if (S_ISCHR(mode)) return FileType::kCharacterDevice;
+  if (S_ISBLK(mode)) return FileType::kBlockDevice;
+  return FileType::kSymbolicLink;
 }
 
-Error not_a_regular_file(const std::string& path, mode_t mode) {
-  return Error(fmt::format("'{}' is {}, not a regular file", path, kind_of(mode)));
+Error not_a_regular_file(const std::string& path, FileType type) {
+  return Error(fmt::format("'{}' is {}, not a regular file", path, describe(type)));
 }
 
 }  // namespace
@@ -66,13 +66,14 @@ File File::open_for_reading(const std::string& path) {
   // Checked before opening: opening a FIFO blocks until it has a writer, and opening a
   // device node can act on the device. O_NONBLOCK and the second check cover an object
   // swapped in between the two calls.
-  refuse_special_file(path);
+  const FileType type = file_type_at(path);
+  if (type != FileType::kRegular && type != FileType::kAbsent) throw not_a_regular_file(path, type);
   const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw_io_error(fmt::format("cannot open '{}'", path), path, "open", errno);
   File file(fd, path);
   struct stat info {};
   if (::fstat(fd, &info) != 0) throw_io_error(fmt::format("cannot stat '{}'", path), path, "stat", errno);
-  if (!S_ISREG(info.st_mode)) throw not_a_regular_file(path, info.st_mode);
+  if (!S_ISREG(info.st_mode)) throw not_a_regular_file(path, type_of(info.st_mode));
   if (::fcntl(fd, F_SETFL, 0) != 0) throw_io_error(fmt::format("cannot open '{}'", path), path, "open", errno);
   return file;
 }
@@ -131,44 +132,30 @@ std::string join_path(const std::string& directory, const std::string& name) {
   return (std::filesystem::path(directory) / name).string();
 }
 
-bool file_exists(const std::string& path) {
-  struct stat info {};
-  return ::lstat(path.c_str(), &info) == 0;
-}
-
-void refuse_special_file(const std::string& path) {
+FileType file_type_at(const std::string& path) {
   struct stat info {};
   if (::lstat(path.c_str(), &info) != 0) {
-    if (errno == ENOENT) return;
+    // ENOTDIR: a component of the path is not a directory, so nothing is there either.
+    if (errno == ENOENT || errno == ENOTDIR) return FileType::kAbsent;
     throw_io_error(fmt::format("cannot stat '{}'", path), path, "stat", errno);
   }
-  if (!S_ISREG(info.st_mode)) throw not_a_regular_file(path, info.st_mode);
+  return type_of(info.st_mode);
 }
 
-std::string read_text_file(const std::string& path) {
-  const File file = File::open_for_reading(path);
-  std::string text(static_cast<size_t>(file.size()), '\0');
-  file.read_at(text.data(), static_cast<int64_t>(text.size()), 0);
+bool file_exists(Env& env, const std::string& path) {
+  return env.file_type(path) != FileType::kAbsent;
+}
+
+void refuse_special_file(Env& env, const std::string& path) {
+  const FileType type = env.file_type(path);
+  if (type != FileType::kRegular && type != FileType::kAbsent) throw not_a_regular_file(path, type);
+}
+
+std::string read_text_file(Env& env, const std::string& path) {
+  const std::unique_ptr<ReadableFile> file = env.open_for_reading(path);
+  std::string text(static_cast<size_t>(file->size()), '\0');
+  file->read_at(text.data(), static_cast<int64_t>(text.size()), 0);
   return text;
-}
-
-void sync_directory(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) throw_io_error(fmt::format("cannot open directory '{}'", path), path, "open", errno);
-  const File directory(fd, path);
-  directory.sync();
-}
-
-void create_directories(const std::string& path) {
-  std::error_code error;
-  std::filesystem::create_directories(path, error);
-  if (error) {
-    throw IoError(fmt::format("cannot create checkpoint directory '{}': {}", path, error.message()), path, "mkdir",
-                  error.value());
-  }
-  if (!std::filesystem::is_directory(path)) {
-    throw Error(fmt::format("checkpoint path '{}' exists and is not a directory", path));
-  }
 }
 
 std::string new_save_id() {

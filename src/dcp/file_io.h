@@ -1,7 +1,10 @@
 #pragma once
 
-// Thin, checked POSIX file operations for the file-system storage. Every error names
-// the file and says what failed.
+// Thin, checked POSIX file operations, which Env::posix() is made of, and the checked
+// helpers the file-system storage builds on an Env. Every error names the file and says
+// what failed.
+
+#include <stowage/dcp/env.h>
 
 #include <cstdint>
 #include <string>
@@ -45,16 +48,16 @@ class File {
   std::string path_;
 };
 
+// What `path` names (lstat); IoError if lstat fails other than with ENOENT.
+FileType file_type_at(const std::string& path);
+
 std::string join_path(const std::string& directory, const std::string& name);
-bool file_exists(const std::string& path);
+bool file_exists(Env& env, const std::string& path);
 // Throws Error naming `path` and what it is when it exists and is not a regular file
 // (a directory, FIFO, socket, device node or symbolic link); returns if it is absent.
-void refuse_special_file(const std::string& path);
+void refuse_special_file(Env& env, const std::string& path);
 // The whole file; throws Error naming it if it cannot be read.
-std::string read_text_file(const std::string& path);
-void sync_directory(const std::string& path);
-// mkdir -p.
-void create_directories(const std::string& path);
+std::string read_text_file(Env& env, const std::string& path);
 // 16 random hex digits.
 std::string new_save_id();
 

@@ -27,10 +27,10 @@ constexpr int64_t kBytesPerReadThread = int64_t(64) << 20;
 }  // namespace
 
 struct FileSystemReader::OpenFile {
-  detail::File file;
+  std::unique_ptr<ReadableFile> file;
   int64_t size = 0;  // when read_metadata() opened it
   // Its first `size` bytes, mapped by the first read that needs them.
-  std::unique_ptr<detail::MappedFile> mapping;
+  std::unique_ptr<MappedRegion> mapping;
 };
 
 namespace {
@@ -77,8 +77,9 @@ void check_chunk_ranges(const std::string& path, const Metadata& metadata,
 
 }  // namespace
 
-FileSystemReader::FileSystemReader(std::string path) : path_(std::move(path)) {
+FileSystemReader::FileSystemReader(std::string path, Env* env) : path_(std::move(path)), env_(env) {
   if (path_.empty()) throw InvalidArgument("FileSystemReader: the checkpoint path is empty");
+  if (env_ == nullptr) throw InvalidArgument("FileSystemReader: the env is null");
 }
 
 FileSystemReader::~FileSystemReader() = default;
@@ -92,11 +93,11 @@ Metadata FileSystemReader::read_metadata() {
   // readable whatever happens to their names.
   constexpr int kMaxAttempts = 100;
   for (int attempt = 1;; ++attempt) {
-    if (!detail::file_exists(metadata_path)) {
+    if (!detail::file_exists(*env_, metadata_path)) {
       throw IoError(fmt::format("'{}' holds no checkpoint: its metadata file {} is missing", path_, kMetadataFileName),
                     metadata_path, "open", ENOENT);
     }
-    Metadata metadata = decode_metadata(detail::read_text_file(metadata_path), metadata_path);
+    Metadata metadata = decode_metadata(detail::read_text_file(*env_, metadata_path), metadata_path);
     const auto first_user = [&](const std::string& name) -> std::string {
       for (const EntryMetadata& entry : metadata.entries) {
         for (const TensorChunk& chunk : entry.chunks) {
@@ -111,11 +112,11 @@ Metadata FileSystemReader::read_metadata() {
       const std::string file_path = detail::join_path(path_, name);
       auto open = std::make_shared<OpenFile>();
       try {
-        open->file = detail::File::open_for_reading(file_path);
-        open->size = open->file.size();
+        open->file = env_->open_for_reading(file_path);
+        open->size = open->file->size();
       } catch (const Error&) {
         // Gone, possibly between listing and opening: the checkpoint may have been replaced.
-        if (!detail::file_exists(file_path)) {
+        if (!detail::file_exists(*env_, file_path)) {
           missing = name;
           break;
         }
@@ -133,8 +134,8 @@ Metadata FileSystemReader::read_metadata() {
       return metadata;
     }
     const bool replaced =
-        detail::file_exists(metadata_path) &&
-        decode_metadata(detail::read_text_file(metadata_path), metadata_path).save_id != metadata.save_id;
+        detail::file_exists(*env_, metadata_path) &&
+        decode_metadata(detail::read_text_file(*env_, metadata_path), metadata_path).save_id != metadata.save_id;
     if (replaced && attempt < kMaxAttempts) continue;
     throw CorruptionError(
         fmt::format("checkpoint '{}': entry '{}': its data file '{}' is missing", path_, first_user(missing), missing),
@@ -206,7 +207,7 @@ void FileSystemReader::run_reads(std::vector<ChunkRead>& reads, bool verify_only
     OpenFile& open = *it->second;
     if (location.length > 0 && !open.mapping) {
       try {
-        open.mapping = std::make_unique<detail::MappedFile>(open.file, open.size);
+        open.mapping = open.file->map(open.size);
       } catch (const Error&) {
         detail::rethrow_in_context(fmt::format("checkpoint '{}': entry '{}': ", path_, read.entry->fqn),
                                    read.entry->fqn);
@@ -230,7 +231,7 @@ void FileSystemReader::run_reads(std::vector<ChunkRead>& reads, bool verify_only
         location.length > open.size - location.offset) {
       throw CorruptionError(fmt::format("{} is truncated: it has {} bytes, the chunk needs bytes {} to {}", where(),
                                         open.size, location.offset, location.offset + location.length),
-                            read.entry->fqn, open.file.path(), open.size);
+                            read.entry->fqn, open.file->path(), open.size);
     }
     const int64_t element_bytes = element_size(read.entry->dtype);
     const ChunkBox region =
@@ -251,7 +252,7 @@ void FileSystemReader::run_reads(std::vector<ChunkRead>& reads, bool verify_only
     }
     if (detail::checked_volume(chunk_sizes, read.entry->fqn) * element_bytes != location.length) {
       throw CorruptionError(where() + ": the chunk's length does not match its shape", read.entry->fqn,
-                            open.file.path(), location.offset);
+                            open.file->path(), location.offset);
     }
     if (location.length == 0) {
       read.verified = true;
@@ -263,20 +264,20 @@ void FileSystemReader::run_reads(std::vector<ChunkRead>& reads, bool verify_only
     // A guarded read of the mapping faulted: the file shrank, or the device could not
     // read a page (the kernel signals an I/O error on a mapped file the same way).
     const auto throw_unreadable = [&] {
-      const int64_t size_now = open.file.size();
+      const int64_t size_now = open.file->size();
       if (size_now < open.size) {
         throw CorruptionError(fmt::format("{} was truncated while being read: it has {} bytes now", where(), size_now),
-                              read.entry->fqn, open.file.path(), size_now);
+                              read.entry->fqn, open.file->path(), size_now);
       }
       throw IoError(fmt::format("{}: cannot read '{}': Input/output error (a page of its mapping could not be read)",
-                                where(), open.file.path()),
-                    open.file.path(), "read", EIO);
+                                where(), open.file->path()),
+                    open.file->path(), "read", EIO);
     };
     const auto corrupt = [&](int64_t offset, int64_t length, uint64_t actual, uint64_t expected) {
       return CorruptionError(
           fmt::format("{} is corrupt: the bytes at offset {} ({} bytes) have checksum {:016x}, expected {:016x}",
                       where(), offset, length, actual, expected),
-          read.entry->fqn, open.file.path(), offset);
+          read.entry->fqn, open.file->path(), offset);
     };
     const auto copy = [&](char* destination, int64_t chunk_offset, int64_t length) {
       if (!detail::guarded_copy(destination, chunk_bytes + chunk_offset, static_cast<size_t>(length)))

@@ -16,11 +16,6 @@
 #include <exception>
 #include <unordered_set>
 
-#include <dirent.h>
-#include <fcntl.h>
-#include <sys/file.h>
-#include <unistd.h>
-
 namespace stowage::dcp {
 namespace {
 
@@ -89,60 +84,41 @@ bool is_save_file_name(const std::string& name) {
 
 }  // namespace
 
-// A flock on the checkpoint directory (see the header's orphan rule).
-struct FileSystemWriter::DirectoryLock {
-  detail::File directory;
-
-  explicit DirectoryLock(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) detail::throw_io_error(fmt::format("cannot open checkpoint directory '{}'", path), path, "open", errno);
-    directory = detail::File(fd, path);
-  }
-  bool try_exclusive() {
-    while (::flock(directory.fd(), LOCK_EX | LOCK_NB) != 0) {
-      if (errno == EWOULDBLOCK) return false;
-      if (errno != EINTR)
-        detail::throw_io_error(fmt::format("cannot lock '{}'", directory.path()), directory.path(), "lock", errno);
-    }
-    return true;
-  }
-  void shared() {
-    while (::flock(directory.fd(), LOCK_SH) != 0) {
-      if (errno != EINTR)
-        detail::throw_io_error(fmt::format("cannot lock '{}'", directory.path()), directory.path(), "lock", errno);
-    }
-  }
-};
-
 namespace {
+
+// For cleaning up: a file that cannot be removed stays an orphan, which a later save removes.
+void remove_if_possible(Env& env, const std::string& path) noexcept {
+  try {
+    env.remove_file(path);
+  } catch (const std::exception&) {
+  }
+}
 
 // Deletes the files of stowage's naming that the committed checkpoint in `path` does
 // not list. Call only while no other save is in flight. When the committed metadata
 // cannot be read, its data files cannot be told from orphans and are left alone.
-void remove_orphans(const std::string& path) {
+void remove_orphans(Env& env, const std::string& path) {
   const std::string metadata_path = detail::join_path(path, kMetadataFileName);
   std::unordered_set<std::string> referenced;
   bool data_files_known = true;
-  if (detail::file_exists(metadata_path)) {
-    try {
-      for (std::string& name : decode_metadata(detail::read_text_file(metadata_path), metadata_path).files()) {
+  try {
+    if (detail::file_exists(env, metadata_path)) {
+      for (std::string& name : decode_metadata(detail::read_text_file(env, metadata_path), metadata_path).files()) {
         referenced.insert(std::move(name));
       }
-    } catch (const Error&) {
-      data_files_known = false;
     }
+  } catch (const Error&) {
+    data_files_known = false;
   }
-  DIR* directory = ::opendir(path.c_str());
-  if (directory == nullptr) return;
-  std::vector<std::string> orphans;
-  while (const dirent* entry = ::readdir(directory)) {
-    const std::string name = entry->d_name;
-    if (!is_save_file_name(name) || referenced.count(name) != 0) continue;
-    if (name.rfind("data-", 0) == 0 && !data_files_known) continue;
-    orphans.push_back(name);
+  // Cleaning is best effort: what cannot be listed or removed now, the next save removes.
+  try {
+    for (const std::string& name : env.list_directory(path)) {
+      if (!is_save_file_name(name) || referenced.count(name) != 0) continue;
+      if (name.rfind("data-", 0) == 0 && !data_files_known) continue;
+      remove_if_possible(env, detail::join_path(path, name));
+    }
+  } catch (const Error&) {
   }
-  ::closedir(directory);
-  for (const std::string& name : orphans) ::unlink(detail::join_path(path, name).c_str());
 }
 
 }  // namespace
@@ -150,6 +126,7 @@ void remove_orphans(const std::string& path) {
 FileSystemWriter::FileSystemWriter(std::string path, FileSystemWriterOptions options)
     : BlockingAsyncStager(options.cache_staged_state_dict()), path_(std::move(path)), options_(options) {
   if (path_.empty()) throw InvalidArgument("FileSystemWriter: the checkpoint path is empty");
+  if (options_.env() == nullptr) throw InvalidArgument("FileSystemWriter: the option env is null");
   if (options_.thread_count() < 1) {
     throw InvalidArgument(
         fmt::format("FileSystemWriter: thread_count must be at least 1, got {}", options_.thread_count()));
@@ -173,24 +150,29 @@ StateDict FileSystemWriter::stage(const StateDict& state) {
 void FileSystemWriter::on_item_written(const WriteResult&) {}
 
 SavePlan FileSystemWriter::prepare_local_plan(SavePlan plan) {
-  detail::create_directories(path_);
+  Env& env = *options_.env();
+  try {
+    env.create_directories(path_);
+  } catch (const Error&) {
+    detail::rethrow_in_context("FileSystemWriter: cannot make the checkpoint directory: ", "");
+  }
   // A FIFO, socket, device node or directory in the metadata's place would be read
   // (blocking, for a FIFO) or replaced by the commit: refused, before anything is written.
   try {
-    detail::refuse_special_file(detail::join_path(path_, kMetadataFileName));
+    detail::refuse_special_file(env, detail::join_path(path_, kMetadataFileName));
   } catch (const Error&) {
     detail::rethrow_in_context(fmt::format("FileSystemWriter: cannot save into '{}': ", path_), "");
   }
-  if (!options_.overwrite() && detail::file_exists(detail::join_path(path_, kMetadataFileName))) {
+  if (!options_.overwrite() && detail::file_exists(env, detail::join_path(path_, kMetadataFileName))) {
     throw InvalidArgument(
         fmt::format("FileSystemWriter: '{}' already holds a checkpoint and the option overwrite is off", path_));
   }
   coordinator_ = false;
   // A lock still held from an earlier save is released only after the new one is
   // taken (it also keeps this save from cleaning, harmlessly).
-  auto lock = std::make_unique<DirectoryLock>(path_);
-  if (lock->try_exclusive()) remove_orphans(path_);
-  lock->shared();
+  std::unique_ptr<DirectoryLock> lock = env.lock_directory(path_);
+  if (lock->try_lock_exclusive()) remove_orphans(env, path_);
+  lock->lock_shared();
   lock_ = std::move(lock);
   std::lock_guard<std::mutex> guard(created_mutex_);
   created_files_.clear();
@@ -219,7 +201,7 @@ std::vector<WriteResult> FileSystemWriter::write_data(const SavePlan& plan, std:
       std::lock_guard<std::mutex> lock(created_mutex_);
       created_files_.push_back(file_path);
     }
-    detail::File file = detail::File::create(file_path);
+    const std::unique_ptr<WritableFile> file = options_.env()->create_file(file_path);
     std::vector<at::Tensor> tensors;
     for (const WriteItem* item : job.items) tensors.push_back(data[item->data_index].toTensor());
     detail::CopyAhead host_bytes(std::move(tensors), options_.per_thread_copy_ahead());
@@ -251,8 +233,8 @@ std::vector<WriteResult> FileSystemWriter::write_data(const SavePlan& plan, std:
               result.location.block_checksums.push_back(XXH3_64bits(block_bytes, block_length));
             }
           }
-          file.write_at(bytes + done, piece, result.location.offset + done);
-          if (options_.sync_files()) file.start_writeback(result.location.offset + done, piece);
+          file->write_at(bytes + done, piece, result.location.offset + done);
+          if (options_.sync_files()) file->start_writeback(result.location.offset + done, piece);
         }
         result.location.checksum = XXH3_64bits_digest(state.get());
         result.location.length = length;
@@ -263,8 +245,8 @@ std::vector<WriteResult> FileSystemWriter::write_data(const SavePlan& plan, std:
       on_item_written(result);
       out.push_back(std::move(result));
     }
-    if (options_.sync_files()) file.sync();
-    file.close();
+    if (options_.sync_files()) file->sync();
+    file->close();
   };
   const auto worker = [&] {
     for (size_t j = next_job++; j < jobs.size(); j = next_job++) {
@@ -294,6 +276,7 @@ std::vector<WriteResult> FileSystemWriter::write_data(const SavePlan& plan, std:
 }
 
 void FileSystemWriter::finish(const Metadata& metadata) {
+  Env& env = *options_.env();
   const std::string text = encode_metadata(metadata);
   const std::string final_path = detail::join_path(path_, kMetadataFileName);
   const std::string temp_path = fmt::format("{}.tmp-{}", final_path, metadata.save_id);
@@ -301,46 +284,48 @@ void FileSystemWriter::finish(const Metadata& metadata) {
     std::lock_guard<std::mutex> lock(created_mutex_);
     created_files_.push_back(temp_path);
   }
-  detail::File file = detail::File::create(temp_path);
-  file.write_at(text.data(), static_cast<int64_t>(text.size()), 0);
-  if (options_.sync_files()) file.sync();
-  file.close();
+  const std::unique_ptr<WritableFile> file = env.create_file(temp_path);
+  file->write_at(text.data(), static_cast<int64_t>(text.size()), 0);
+  if (options_.sync_files()) file->sync();
+  file->close();
 
   // The data files of the checkpoint being replaced, to delete once the new one is
-  // committed. An unreadable old metadata file leaves its files in place.
+  // committed. An old metadata file that cannot be read leaves its files in place (the
+  // next save removes them as orphans).
   std::vector<std::string> old_files;
-  if (detail::file_exists(final_path)) {
-    try {
-      old_files = decode_metadata(detail::read_text_file(final_path), final_path).files();
-    } catch (const Error&) {
+  try {
+    if (detail::file_exists(env, final_path)) {
+      old_files = decode_metadata(detail::read_text_file(env, final_path), final_path).files();
     }
+  } catch (const Error&) {
   }
-  if (!options_.overwrite() && detail::file_exists(final_path)) {
+  if (!options_.overwrite() && detail::file_exists(env, final_path)) {
     throw InvalidArgument(
         fmt::format("FileSystemWriter: '{}' already holds a checkpoint and the option overwrite is off", path_));
   }
-  if (std::rename(temp_path.c_str(), final_path.c_str()) != 0) {
-    detail::throw_io_error(fmt::format("cannot commit checkpoint metadata '{}'", final_path), final_path, "rename",
-                           errno);
+  try {
+    env.rename_file(temp_path, final_path);
+  } catch (const Error&) {
+    detail::rethrow_in_context("FileSystemWriter: cannot commit the checkpoint's metadata: ", "");
   }
   // Committed: nothing of this save may be removed any more.
   {
     std::lock_guard<std::mutex> lock(created_mutex_);
     created_files_.clear();
   }
-  if (options_.sync_files()) detail::sync_directory(path_);
+  if (options_.sync_files()) env.sync_directory(path_);
 
   const std::vector<std::string> new_files = metadata.files();
   const std::unordered_set<std::string> keep(new_files.begin(), new_files.end());
   for (const std::string& name : old_files) {
-    if (keep.count(name) == 0) ::unlink(detail::join_path(path_, name).c_str());
+    if (keep.count(name) == 0) remove_if_possible(env, detail::join_path(path_, name));
   }
   lock_.reset();
 }
 
 void FileSystemWriter::abort() noexcept {
   std::lock_guard<std::mutex> lock(created_mutex_);
-  for (const std::string& file : created_files_) ::unlink(file.c_str());
+  for (const std::string& file : created_files_) remove_if_possible(*options_.env(), file);
   created_files_.clear();
   lock_.reset();
 }

@@ -19,7 +19,8 @@
 
 namespace stowage::dcp::detail {
 
-class MappedFile {
+// The POSIX mapping behind Env::posix()'s ReadableFile::map.
+class MappedFile final : public MappedRegion {
  public:
   // Maps the first `length` bytes of `file`, which must hold at least that many
   // (checked here with fstat: throws Error naming the file if it is shorter now).
@@ -27,10 +28,10 @@ class MappedFile {
   MappedFile(const File& file, int64_t length);
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
-  ~MappedFile();
+  ~MappedFile() override;
 
-  const char* data() const { return data_; }
-  int64_t length() const { return length_; }
+  const char* data() const override { return data_; }
+  int64_t length() const override { return length_; }
 
  private:
   const char* data_ = nullptr;

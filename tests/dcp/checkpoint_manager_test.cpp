@@ -2,6 +2,7 @@
 // the snapshot taken before the caller changes the state, failures, two ranks; and
 // dcp::verify of a good and a corrupt checkpoint.
 
+#include "dcp/fault_injection_env.h"
 #include "dcp/test_util.h"
 
 #include <stowage/dcp/checkpoint_manager.h>
@@ -155,6 +156,37 @@ TEST(DcpCheckpointManager, ADirectoryItCannotCreateIsAnIoErrorNamingIt) {
     EXPECT_EQ(e.operation(), "mkdir");
     EXPECT_EQ(e.error_number(), ENOTDIR) << e.what();
   }
+}
+
+// Every file-system call of the manager and of its writers and readers goes through
+// its env: a failure to remove an old checkpoint is an IoError naming it, from the
+// wait() that pruned, and the checkpoints stay loadable.
+TEST(DcpCheckpointManager, GoesThroughItsEnvAndReportsARemovalItCouldNotMake) {
+  const ScratchDir dir;
+  testing::FaultInjectionEnv env;
+  CheckpointManagerOptions options = CheckpointManagerOptions().save_every(1).keep_last(1).env(&env);
+  env.fail(testing::Call::kUnlink, 1);  // the first removal: step 1's, once step 2 commits
+  CheckpointManager manager(dir.path(), options);
+  manager.save(1, step_state(torch::full({10}, 1.0)));
+  manager.wait();
+  manager.save(2, step_state(torch::full({10}, 2.0)));
+  try {
+    manager.wait();
+    ADD_FAILURE() << "a removal that failed was not reported";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.operation(), "unlink");
+    EXPECT_EQ(e.path(), manager.checkpoint_path(1));
+  }
+  for (testing::Call call : {testing::Call::kMkdir, testing::Call::kList, testing::Call::kOpen, testing::Call::kWrite,
+                             testing::Call::kRename}) {
+    EXPECT_GT(env.count(call), 0) << testing::operation_of(call);
+  }
+  EXPECT_THAT(committed_steps(dir.path()), ElementsAre(1, 2));
+  StateDict restored = step_state(torch::zeros({10}));
+  CheckpointManager resumed(dir.path(), options);
+  EXPECT_EQ(resumed.restore(restored), 2);
+  EXPECT_TRUE(torch::equal(restored.at("w").toTensor(), torch::full({10}, 2.0)));
+  EXPECT_GT(env.count(testing::Call::kMmap), 0);  // restore read through the env too
 }
 
 TEST(DcpCheckpointManager, TwoRanksSaveAndRestoreTogether) {

@@ -13,12 +13,7 @@ namespace stowage::dcp {
 namespace {
 
 using testing::ScratchDir;
-
-StateDict of(std::initializer_list<std::pair<std::string, c10::IValue>> items) {
-  StateDict state;
-  for (const auto& [key, value] : items) state.insert(key, value);
-  return state;
-}
+using testing::state_of;
 
 // Expects `fn` to throw stowage::InvalidArgument whose message holds every one of `parts`.
 template <typename Fn>
@@ -82,14 +77,15 @@ void expect_group_mismatch_changes_nothing(const std::vector<size_t>& saved_grou
   auto optimizer = adamw_in_groups(model, saved_groups);
   train(model, *optimizer);
   const ScratchDir dir;
-  save(of({{"model", as_ivalue(model.ptr())}, {"optim", as_ivalue(optimizer)}, {"step", int64_t(3)}}), dir.path());
+  save(state_of({{"model", as_ivalue(model.ptr())}, {"optim", as_ivalue(optimizer)}, {"step", int64_t(3)}}),
+       dir.path());
 
   torch::manual_seed(7);
   auto fresh = make_model();
   auto fresh_optimizer = adamw_in_groups(fresh, loaded_groups);
   const std::vector<at::Tensor> before = clones(fresh->parameters());
   StateDict target =
-      of({{"model", as_ivalue(fresh.ptr())}, {"optim", as_ivalue(fresh_optimizer)}, {"step", int64_t(0)}});
+      state_of({{"model", as_ivalue(fresh.ptr())}, {"optim", as_ivalue(fresh_optimizer)}, {"step", int64_t(0)}});
   expect_invalid_naming([&] { load(target, dir.path()); }, {"'optim'", cause});
   expect_unchanged(before, fresh->parameters());
   EXPECT_EQ(target.at("step").toInt(), 0);
@@ -107,7 +103,7 @@ TEST(DcpLoadValidation, GroupsOfOtherSizesFailBeforeAnythingChanges) {
 // A Stateful whose check rejects what it is offered, and that counts its loads.
 class Picky final : public Stateful {
  public:
-  StateDict state_dict() override { return of({{"w", weight}, {"version", version}}); }
+  StateDict state_dict() override { return state_of({{"w", weight}, {"version", version}}); }
   void check_load_state_dict(const StateDict& state) override {
     if (state.at("version").toInt() != version) {
       throw InvalidArgument(fmt::format("Picky: version {} cannot be loaded", state.at("version").toInt()));
@@ -127,10 +123,10 @@ TEST(DcpLoadValidation, AStatefulsCheckRunsBeforeAnyEntryIsFilled) {
   auto saved = c10::make_intrusive<Picky>();
   saved->weight = torch::ones({4});
   saved->version = 2;
-  save(of({{"first", torch::ones({3})}, {"picky", as_ivalue(saved)}, {"also", torch::ones({3})}}), dir.path());
+  save(state_of({{"first", torch::ones({3})}, {"picky", as_ivalue(saved)}, {"also", torch::ones({3})}}), dir.path());
 
   auto picky = c10::make_intrusive<Picky>();
-  StateDict target = of({{"first", torch::zeros({3})}, {"picky", as_ivalue(picky)}, {"also", torch::zeros({3})}});
+  StateDict target = state_of({{"first", torch::zeros({3})}, {"picky", as_ivalue(picky)}, {"also", torch::zeros({3})}});
   expect_invalid_naming([&] { load(target, dir.path()); }, {"'picky'", "version 2 cannot be loaded"});
   EXPECT_TRUE(torch::equal(target.at("first").toTensor(), torch::zeros({3})));
   EXPECT_TRUE(torch::equal(target.at("also").toTensor(), torch::zeros({3})));
@@ -147,8 +143,9 @@ TEST(DcpLoadValidation, AStatefulsCheckRunsBeforeAnyEntryIsFilled) {
 // Saves {"a", "w"} of ones, then loads into {"a": zeros, "w": `destination`}.
 void expect_destination_rejected(const at::Tensor& destination, const std::string& cause) {
   const ScratchDir dir;
-  save(of({{"a", torch::ones({4, 5})}, {"w", torch::ones(destination.sizes(), destination.dtype())}}), dir.path());
-  StateDict target = of({{"a", torch::zeros({4, 5})}, {"w", destination}});
+  save(state_of({{"a", torch::ones({4, 5})}, {"w", torch::ones(destination.sizes(), destination.dtype())}}),
+       dir.path());
+  StateDict target = state_of({{"a", torch::zeros({4, 5})}, {"w", destination}});
   expect_invalid_naming([&] { load(target, dir.path()); }, {"entry 'w'", cause});
   EXPECT_TRUE(torch::equal(target.at("a").toTensor(), torch::zeros({4, 5})));
 }
@@ -168,16 +165,16 @@ TEST(DcpLoadValidation, DestinationsThatCannotBeWrittenAreRejectedNamingTheEntry
 TEST(DcpLoadValidation, AStatefulsOrAShardsUnwritableTensorIsRejectedNamingTheEntry) {
   const ScratchDir dir;
   auto saved = c10::make_intrusive<Picky>();
-  save(of({{"a", torch::ones({3})}, {"picky", as_ivalue(saved)}, {"s", torch::ones({4, 5})}}), dir.path());
+  save(state_of({{"a", torch::ones({3})}, {"picky", as_ivalue(saved)}, {"s", torch::ones({4, 5})}}), dir.path());
 
   auto picky = c10::make_intrusive<Picky>();
   picky->weight = torch::zeros({1}).expand({4});
-  StateDict target = of({{"a", torch::zeros({3})}, {"picky", as_ivalue(picky)}, {"s", torch::zeros({4, 5})}});
+  StateDict target = state_of({{"a", torch::zeros({3})}, {"picky", as_ivalue(picky)}, {"s", torch::zeros({4, 5})}});
   expect_invalid_naming([&] { load(target, dir.path()); }, {"entry 'picky.w'", "overlap"});
   EXPECT_TRUE(torch::equal(target.at("a").toTensor(), torch::zeros({3})));
 
   StateDict sharded =
-      of({{"a", torch::zeros({3})}, {"s", sharded_tensor(torch::zeros({1, 5}).expand({2, 5}), {4, 5}, {2, 0})}});
+      state_of({{"a", torch::zeros({3})}, {"s", sharded_tensor(torch::zeros({1, 5}).expand({2, 5}), {4, 5}, {2, 0})}});
   expect_invalid_naming([&] { load(sharded, dir.path(), LoadOptions().allow_partial_load(true)); },
                         {"entry 's'", "overlap"});
   EXPECT_TRUE(torch::equal(sharded.at("a").toTensor(), torch::zeros({3})));
@@ -186,8 +183,8 @@ TEST(DcpLoadValidation, AStatefulsOrAShardsUnwritableTensorIsRejectedNamingTheEn
 TEST(DcpLoadValidation, EmptyAndZeroStrideButEmptyDestinationsStillLoad) {
   // Nothing is written into an empty tensor, whatever its strides.
   const ScratchDir dir;
-  save(of({{"e", torch::zeros({0, 5})}, {"a", torch::ones({2})}}), dir.path());
-  StateDict target = of({{"e", torch::zeros({1, 5}).expand({0, 5})}, {"a", torch::zeros({2})}});
+  save(state_of({{"e", torch::zeros({0, 5})}, {"a", torch::ones({2})}}), dir.path());
+  StateDict target = state_of({{"e", torch::zeros({1, 5}).expand({0, 5})}, {"a", torch::zeros({2})}});
   load(target, dir.path());
   EXPECT_TRUE(torch::equal(target.at("a").toTensor(), torch::ones({2})));
 }

@@ -15,6 +15,7 @@ namespace stowage::dcp {
 namespace {
 
 using testing::ScratchDir;
+using testing::state_of;
 using testing::test_device;
 
 // Bitwise equality, for every dtype (including those torch::equal lacks on the CPU).
@@ -24,12 +25,6 @@ bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
   const at::Tensor y = b.resolve_conj().resolve_neg().cpu().contiguous();
   // memcmp of an empty tensor would pass null pointers (undefined behaviour, UBSan).
   return x.nbytes() == 0 || std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
-}
-
-StateDict of(std::initializer_list<std::pair<std::string, c10::IValue>> items) {
-  StateDict state;
-  for (const auto& [key, value] : items) state.insert(key, value);
-  return state;
 }
 
 TEST(DcpSaveLoad, EveryDtypeRoundTrips) {
@@ -60,22 +55,22 @@ TEST(DcpSaveLoad, ZeroDimEmptyAndNonContiguousTensors) {
   const ScratchDir dir;
   const at::Tensor matrix = torch::arange(24, torch::kFloat32).reshape({4, 6});
   const at::Tensor complex = torch::randn({4}, torch::kComplexFloat);
-  StateDict state = of({{"scalar", torch::tensor(3.5)},
-                        {"empty", torch::empty({0, 7})},
-                        {"transposed", matrix.t()},
-                        {"strided", matrix.slice(1, 0, 6, 2)},
-                        {"conjugated", complex.conj()},
-                        {"negated", torch::randn({3})._neg_view()}});
+  StateDict state = state_of({{"scalar", torch::tensor(3.5)},
+                              {"empty", torch::empty({0, 7})},
+                              {"transposed", matrix.t()},
+                              {"strided", matrix.slice(1, 0, 6, 2)},
+                              {"conjugated", complex.conj()},
+                              {"negated", torch::randn({3})._neg_view()}});
   save(state, dir.path());
 
   // Destinations that are themselves non-contiguous views.
   const at::Tensor big = torch::zeros({6, 4});
-  StateDict target = of({{"scalar", torch::tensor(0.0)},
-                         {"empty", torch::empty({0, 7})},
-                         {"transposed", big},
-                         {"strided", torch::zeros({4, 6}).slice(1, 0, 6, 2)},
-                         {"conjugated", torch::zeros({4}, torch::kComplexFloat)},
-                         {"negated", torch::zeros({3})}});
+  StateDict target = state_of({{"scalar", torch::tensor(0.0)},
+                               {"empty", torch::empty({0, 7})},
+                               {"transposed", big},
+                               {"strided", torch::zeros({4, 6}).slice(1, 0, 6, 2)},
+                               {"conjugated", torch::zeros({4}, torch::kComplexFloat)},
+                               {"negated", torch::zeros({3})}});
   load(target, dir.path());
   for (const auto& item : state) {
     EXPECT_TRUE(same_bytes(target.at(item.key()).toTensor(), item.value().toTensor())) << item.key();
@@ -86,9 +81,9 @@ TEST(DcpSaveLoad, ZeroDimEmptyAndNonContiguousTensors) {
 TEST(DcpSaveLoad, ViewsSharingStorageSaveTheirOwnValues) {
   const ScratchDir dir;
   const at::Tensor base = torch::arange(10, torch::kFloat32);
-  save(of({{"front", base.slice(0, 0, 5)}, {"back", base.slice(0, 5, 10)}, {"all", base}}), dir.path());
+  save(state_of({{"front", base.slice(0, 0, 5)}, {"back", base.slice(0, 5, 10)}, {"all", base}}), dir.path());
   const at::Tensor into = torch::zeros({10});
-  StateDict target = of({{"front", into.slice(0, 0, 5)}, {"back", into.slice(0, 5, 10)}, {"all", into}});
+  StateDict target = state_of({{"front", into.slice(0, 0, 5)}, {"back", into.slice(0, 5, 10)}, {"all", into}});
   load(target, dir.path());
   EXPECT_TRUE(torch::equal(into, base));
   EXPECT_TRUE(torch::equal(target.at("back").toTensor(), base.slice(0, 5, 10)));
@@ -96,11 +91,11 @@ TEST(DcpSaveLoad, ViewsSharingStorageSaveTheirOwnValues) {
 
 TEST(DcpSaveLoad, KeysWithDotsAndNonAscii) {
   const ScratchDir dir;
-  StateDict nested = of({{"c.d", torch::full({2}, 2.0f)}, {"重み", torch::full({2}, 3.0f)}});
-  StateDict state = of({{"a.b", torch::full({2}, 1.0f)}, {"a", nested}, {"émoji 🙂", torch::full({1}, 4.0f)}});
+  StateDict nested = state_of({{"c.d", torch::full({2}, 2.0f)}, {"重み", torch::full({2}, 3.0f)}});
+  StateDict state = state_of({{"a.b", torch::full({2}, 1.0f)}, {"a", nested}, {"émoji 🙂", torch::full({1}, 4.0f)}});
   save(state, dir.path());
-  StateDict target_nested = of({{"c.d", torch::zeros({2})}, {"重み", torch::zeros({2})}});
-  StateDict target = of({{"a.b", torch::zeros({2})}, {"a", target_nested}, {"émoji 🙂", torch::zeros({1})}});
+  StateDict target_nested = state_of({{"c.d", torch::zeros({2})}, {"重み", torch::zeros({2})}});
+  StateDict target = state_of({{"a.b", torch::zeros({2})}, {"a", target_nested}, {"émoji 🙂", torch::zeros({1})}});
   load(target, dir.path());
   EXPECT_TRUE(torch::equal(target.at("a.b").toTensor(), torch::full({2}, 1.0f)));
   EXPECT_TRUE(torch::equal(target_nested.at("c.d").toTensor(), torch::full({2}, 2.0f)));
@@ -110,7 +105,7 @@ TEST(DcpSaveLoad, KeysWithDotsAndNonAscii) {
   // Not UTF-8: rejected before anything is written, naming the key.
   const ScratchDir other;
   try {
-    save(of({{std::string("bad\xff"), torch::zeros({1})}}), other.path());
+    save(state_of({{std::string("bad\xff"), torch::zeros({1})}}), other.path());
     FAIL() << "expected InvalidArgument";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("UTF-8"), std::string::npos) << e.what();
@@ -121,31 +116,31 @@ TEST(DcpSaveLoad, KeysWithDotsAndNonAscii) {
 TEST(DcpSaveLoad, NonTensorValuesRoundTrip) {
   const ScratchDir dir;
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  StateDict state = of({{"int", int64_t(-7)},
-                        {"big", std::numeric_limits<int64_t>::max()},
-                        {"double", 0.1},
-                        {"nan", nan},
-                        {"inf", -std::numeric_limits<double>::infinity()},
-                        {"bool", true},
-                        {"string", std::string("héllo")},
-                        {"none", c10::IValue()},
-                        {"ints", c10::List<int64_t>({1, 2, 3})},
-                        {"doubles", c10::List<double>({0.5, 1.5})},
-                        {"empty_dict", c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get())},
-                        {"empty_list", c10::List<int64_t>()}});
+  StateDict state = state_of({{"int", int64_t(-7)},
+                              {"big", std::numeric_limits<int64_t>::max()},
+                              {"double", 0.1},
+                              {"nan", nan},
+                              {"inf", -std::numeric_limits<double>::infinity()},
+                              {"bool", true},
+                              {"string", std::string("héllo")},
+                              {"none", c10::IValue()},
+                              {"ints", c10::List<int64_t>({1, 2, 3})},
+                              {"doubles", c10::List<double>({0.5, 1.5})},
+                              {"empty_dict", c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get())},
+                              {"empty_list", c10::List<int64_t>()}});
   save(state, dir.path());
-  StateDict target = of({{"int", int64_t(0)},
-                         {"big", int64_t(0)},
-                         {"double", 0.0},
-                         {"nan", 0.0},
-                         {"inf", 0.0},
-                         {"bool", false},
-                         {"string", std::string()},
-                         {"none", c10::IValue()},
-                         {"ints", c10::List<int64_t>()},
-                         {"doubles", c10::List<double>()},
-                         {"empty_dict", c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get())},
-                         {"empty_list", c10::List<int64_t>()}});
+  StateDict target = state_of({{"int", int64_t(0)},
+                               {"big", int64_t(0)},
+                               {"double", 0.0},
+                               {"nan", 0.0},
+                               {"inf", 0.0},
+                               {"bool", false},
+                               {"string", std::string()},
+                               {"none", c10::IValue()},
+                               {"ints", c10::List<int64_t>()},
+                               {"doubles", c10::List<double>()},
+                               {"empty_dict", c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get())},
+                               {"empty_list", c10::List<int64_t>()}});
   load(target, dir.path());
   EXPECT_EQ(target.at("int").toInt(), -7);
   EXPECT_EQ(target.at("big").toInt(), std::numeric_limits<int64_t>::max());
@@ -218,7 +213,7 @@ TEST(DcpSaveLoad, LayoutOnDiskFollowsTheOptions) {
   EXPECT_THROW(FileSystemWriter("x", FileSystemWriterOptions().per_thread_copy_ahead(-1)), InvalidArgument);
 }
 
-torch::nn::Sequential make_model() {
+torch::nn::Sequential small_relu_model() {
   return torch::nn::Sequential(torch::nn::Linear(6, 8), torch::nn::ReLU(), torch::nn::Linear(8, 1));
 }
 
@@ -234,19 +229,20 @@ void train(torch::nn::Sequential& model, torch::optim::Optimizer& optimizer, int
 
 TEST(DcpSaveLoad, ModuleAndFreshAdamResumeExactly) {
   torch::manual_seed(0);
-  auto model = make_model();
+  auto model = small_relu_model();
   auto optimizer = std::make_shared<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-2));
   train(model, *optimizer, 5, 1);
   const ScratchDir dir;
-  save(of({{"model", as_ivalue(model.ptr())}, {"optim", as_ivalue(optimizer)}, {"epoch", int64_t(3)}}), dir.path());
+  save(state_of({{"model", as_ivalue(model.ptr())}, {"optim", as_ivalue(optimizer)}, {"epoch", int64_t(3)}}),
+       dir.path());
 
   // A fresh model and an optimizer that has no state yet: load materialises it.
   torch::manual_seed(99);
-  auto resumed = make_model();
+  auto resumed = small_relu_model();
   auto resumed_optimizer = std::make_shared<torch::optim::Adam>(resumed->parameters(), torch::optim::AdamOptions(1));
   ASSERT_TRUE(resumed_optimizer->state().empty());
   StateDict target =
-      of({{"model", as_ivalue(resumed.ptr())}, {"optim", as_ivalue(resumed_optimizer)}, {"epoch", int64_t(0)}});
+      state_of({{"model", as_ivalue(resumed.ptr())}, {"optim", as_ivalue(resumed_optimizer)}, {"epoch", int64_t(0)}});
   load(target, dir.path());
   EXPECT_EQ(target.at("epoch").toInt(), 3);
   EXPECT_EQ(resumed_optimizer->state().size(), optimizer->state().size());
@@ -261,9 +257,9 @@ TEST(DcpSaveLoad, ModuleAndFreshAdamResumeExactly) {
 
 TEST(DcpSaveLoad, LoadsDirectlyIntoParametersThatRequireGrad) {
   const ScratchDir dir;
-  save(of({{"w", torch::ones({3})}}), dir.path());
+  save(state_of({{"w", torch::ones({3})}}), dir.path());
   const at::Tensor parameter = torch::zeros({3}, torch::requires_grad());
-  StateDict target = of({{"w", parameter}});
+  StateDict target = state_of({{"w", parameter}});
   load(target, dir.path());
   EXPECT_TRUE(torch::equal(parameter.detach(), torch::ones({3})));
 }

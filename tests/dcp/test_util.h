@@ -43,6 +43,12 @@ class ScratchDir {
 
 using stowage::testing::test_device;
 
+inline StateDict state_of(std::initializer_list<std::pair<std::string, c10::IValue>> items) {
+  StateDict state;
+  for (const auto& [key, value] : items) state.insert(key, value);
+  return state;
+}
+
 inline std::vector<std::string> list_files(const std::string& dir) {
   std::vector<std::string> names;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) names.push_back(entry.path().filename().string());

@@ -34,6 +34,7 @@
 // they were.
 
 #include <stowage/dcp/checkpoint.h>
+#include <stowage/dcp/env.h>
 #include <stowage/dcp/filesystem.h>
 #include <stowage/dcp/staging.h>
 #include <stowage/dist/process_group.h>
@@ -57,6 +58,9 @@ struct CheckpointManagerOptions {
   TORCH_ARG(int64_t, keep_last) = 3;
   // Also keep, beyond keep_last, the checkpoints of steps that are multiples of this; 0: none.
   TORCH_ARG(int64_t, keep_every) = 0;
+  // Every file-system call of the manager and of its writers and readers goes through
+  // it (env.h); it must outlive the manager.
+  TORCH_ARG(EnvPointer, env) = Env::posix();
 };
 
 // A checkpoint of the directory.
@@ -75,9 +79,10 @@ struct SaveReport {
   double commit_s = 0;   // from save() until it committed
 };
 
-// Every step-<N> directory of `directory`, oldest first (none if it does not exist).
-// Changes nothing, unlike a CheckpointManager's construction.
-std::vector<ManagedCheckpoint> list_checkpoints(const std::string& directory);
+// Every step-<N> directory of `directory`, oldest first (none if it does not exist;
+// IoError if it cannot be listed). Changes nothing, unlike a CheckpointManager's
+// construction.
+std::vector<ManagedCheckpoint> list_checkpoints(const std::string& directory, Env& env = *Env::posix());
 
 class CheckpointManager {
  public:
@@ -123,6 +128,7 @@ class CheckpointManager {
   // Waits for the save in flight to commit, prunes, and queues its report.
   void finish();
   void prune() const;
+  Env& env() const { return *options_.env(); }
 
   std::string directory_;
   CheckpointManagerOptions options_;

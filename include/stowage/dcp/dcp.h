@@ -5,6 +5,7 @@
 
 #include <stowage/dcp/checkpoint.h>
 #include <stowage/dcp/checkpoint_manager.h>
+#include <stowage/dcp/env.h>
 #include <stowage/dcp/filesystem.h>
 #include <stowage/dcp/metadata.h>
 #include <stowage/dcp/planner.h>

@@ -18,6 +18,7 @@
 // is deleted; then it holds the lock shared like every other save. A killed process's
 // lock dies with it. Locks are advisory: only stowage writers on one host honour them.
 
+#include <stowage/dcp/env.h>
 #include <stowage/dcp/staging.h>
 #include <stowage/dcp/storage.h>
 
@@ -51,6 +52,8 @@ struct FileSystemWriterOptions {
   // Replace an existing checkpoint in the directory; without it, saving over one is an
   // error.
   TORCH_ARG(bool, overwrite) = true;
+  // Every file-system call goes through it (env.h); it must outlive the writer.
+  TORCH_ARG(EnvPointer, env) = Env::posix();
 };
 
 // Writes checkpoints into one directory. It is also the stager async_save uses when
@@ -84,9 +87,8 @@ class FileSystemWriter : public StorageWriter, public BlockingAsyncStager {
   FileSystemWriterOptions options_;
   std::mutex created_mutex_;
   std::vector<std::string> created_files_;  // by the save in progress, for abort()
-  struct DirectoryLock;
-  std::unique_ptr<DirectoryLock> lock_;  // held by the save in progress
-  bool coordinator_ = false;             // prepare_global_plan ran for this save
+  std::unique_ptr<DirectoryLock> lock_;     // held by the save in progress
+  bool coordinator_ = false;                // prepare_global_plan ran for this save
 };
 
 // Reads checkpoints from one directory. A chunk read in full is verified against its
@@ -98,7 +100,8 @@ class FileSystemWriter : public StorageWriter, public BlockingAsyncStager {
 // a SIGBUS (src/dcp/mapped_file.h installs the process's SIGBUS handler for that).
 class FileSystemReader : public StorageReader {
  public:
-  explicit FileSystemReader(std::string path);
+  // Every file-system call goes through `env` (env.h), which must outlive the reader.
+  explicit FileSystemReader(std::string path, Env* env = Env::posix());
   ~FileSystemReader() override;
 
   const std::string& path() const { return path_; }
@@ -116,6 +119,7 @@ class FileSystemReader : public StorageReader {
   void run_reads(std::vector<ChunkRead>& reads, bool verify_only);
 
   std::string path_;
+  Env* env_;
   // The files of the checkpoint read_metadata() returned, opened then, so that an
   // overwrite that deletes them cannot take them away.
   std::unordered_map<std::string, std::shared_ptr<OpenFile>> files_;
