@@ -5,14 +5,22 @@ namespace stowage::dcp {
 
 const char* describe(FileType type) {
   switch (type) {
-    case FileType::kAbsent: return "absent";
-    case FileType::kRegular: return "a regular file";
-    case FileType::kDirectory: return "a directory";
-    case FileType::kSymbolicLink: return "a symbolic link";
-    case FileType::kFifo: return "a FIFO";
-    case FileType::kSocket: return "a socket";
-    case FileType::kCharacterDevice: return "a character device";
-    case FileType::kBlockDevice: return "a block device";
+    case FileType::kAbsent:
+      return "absent";
+    case FileType::kRegular:
+      return "a regular file";
+    case FileType::kDirectory:
+      return "a directory";
+    case FileType::kSymbolicLink:
+      return "a symbolic link";
+    case FileType::kFifo:
+      return "a FIFO";
+    case FileType::kSocket:
+      return "a socket";
+    case FileType::kCharacterDevice:
+      return "a character device";
+    case FileType::kBlockDevice:
+      return "a block device";
   }
   return "of an unknown type";
 }

@@ -97,7 +97,8 @@ class PosixEnv final : public Env {
     }
   }
   void remove_file(const std::string& path) override {
-    if (::unlink(path.c_str()) != 0) detail::throw_io_error(fmt::format("cannot remove '{}'", path), path, "unlink", errno);
+    if (::unlink(path.c_str()) != 0)
+      detail::throw_io_error(fmt::format("cannot remove '{}'", path), path, "unlink", errno);
   }
   void remove_tree(const std::string& path) override {
     std::error_code error;

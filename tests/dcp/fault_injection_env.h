@@ -19,9 +19,9 @@
 namespace stowage::dcp::testing {
 
 enum class Call { kOpen, kWrite, kFsync, kRename, kUnlink, kMmap, kRead, kList, kMkdir, kLock, kStat };
-constexpr std::array<Call, 11> kAllCalls = {Call::kOpen,  Call::kWrite, Call::kFsync, Call::kRename,
-                                            Call::kUnlink, Call::kMmap, Call::kRead,  Call::kList,
-                                            Call::kMkdir,  Call::kLock, Call::kStat};
+constexpr std::array<Call, 11> kAllCalls = {Call::kOpen,   Call::kWrite, Call::kFsync, Call::kRename,
+                                            Call::kUnlink, Call::kMmap,  Call::kRead,  Call::kList,
+                                            Call::kMkdir,  Call::kLock,  Call::kStat};
 
 // The operation an IoError of the call names.
 inline const char* operation_of(Call call) {
