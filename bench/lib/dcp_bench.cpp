@@ -210,19 +210,18 @@ DcpBenchResult run_dcp_bench(const DcpBenchOptions& options) {
     std::vector<double> stage_s, async_s;
     const auto time_stage = [&] { stage_s.push_back(seconds([&] { cached.stage(state); })); };
     const auto time_async_save = [&] {
-      std::shared_future<dcp::Metadata> upload;
-      async_s.push_back(seconds([&] { upload = dcp::async_save(state, writer).upload_completion; }));
-      upload.get();
+      dcp::AsyncSaveResponse response;  // destroying it would wait for the save
+      async_s.push_back(seconds([&] { response = dcp::async_save(state, writer); }));
+      response.upload_completion.get();
     };
     take_turns({time_stage, time_async_save});
     r.stage_s = median(stage_s);
     r.async_block_s = median(async_s);
     dcp::DefaultStager stager;
-    std::shared_future<dcp::Metadata> upload;
+    dcp::AsyncSaveResponse response;
     dcp::async_save(state, writer, &stager).upload_completion.get();
-    r.async_block_default_stager_s =
-        seconds([&] { upload = dcp::async_save(state, writer, &stager).upload_completion; });
-    upload.get();
+    r.async_block_default_stager_s = seconds([&] { response = dcp::async_save(state, writer, &stager); });
+    response.upload_completion.get();
   }
   return r;
 }

@@ -34,8 +34,9 @@ double seconds_between(Clock::time_point from, Clock::time_point to) {
 
 }  // namespace
 
-// The save in flight. Its writer must outlive the save: destroying it waits for the
-// save (FileSystemWriter's destructor), after the watcher has been joined.
+// The save in flight. Its writer must outlive the save's response: the members are
+// destroyed in reverse order, so the watcher is joined, then the response waits for the
+// save, then the writer goes.
 struct CheckpointManager::Pending {
   int64_t step = 0;
   std::string path;

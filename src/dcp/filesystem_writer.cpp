@@ -137,10 +137,6 @@ FileSystemWriter::FileSystemWriter(std::string path, FileSystemWriterOptions opt
   }
 }
 
-FileSystemWriter::~FileSystemWriter() {
-  wait_for_pending_save();
-}
-
 StateDict FileSystemWriter::stage(const StateDict& state) {
   // Staged data is on the CPU already: copying ahead of the writes buys nothing.
   options_.per_thread_copy_ahead(0);

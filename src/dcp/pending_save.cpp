@@ -3,38 +3,73 @@
 
 #include <stowage/error.h>
 
+#include <c10/util/Exception.h>
 #include <fmt/format.h>
 
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace stowage::dcp {
 
-StorageWriter::~StorageWriter() {
-  wait_for_pending_save();
+namespace {
+
+// Each writer's save in flight. Leaked: saves may still end during static destruction.
+struct InFlight {
+  std::mutex mutex;
+  std::unordered_map<const StorageWriter*, std::shared_future<Metadata>> saves;
+};
+
+InFlight& in_flight() {
+  static InFlight* const registry = new InFlight();
+  return *registry;
 }
 
-void StorageWriter::wait_for_pending_save() noexcept {
-  std::thread thread;
+}  // namespace
+
+void PendingSaveAccess::begin(const StorageWriter& writer, AsyncStager& stager,
+                              const std::shared_future<Metadata>& upload) {
+  if (stager.reuses_buffers()) stager.latest_save_ = upload;
+  InFlight& registry = in_flight();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  const bool added = registry.saves.emplace(&writer, upload).second;
+  TORCH_INTERNAL_ASSERT(added, "async_save: a second save began on a writer before make_room");
+}
+
+void PendingSaveAccess::finished(const StorageWriter& writer) {
+  InFlight& registry = in_flight();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  registry.saves.erase(&writer);
+}
+
+void PendingSaveAccess::wait(const StorageWriter& writer) {
+  std::shared_future<Metadata> save;
   {
-    std::lock_guard<std::mutex> lock(pending_mutex_);
-    thread = std::move(pending_thread_);
-    pending_ = {};
+    InFlight& registry = in_flight();
+    std::lock_guard<std::mutex> lock(registry.mutex);
+    const auto it = registry.saves.find(&writer);
+    if (it == registry.saves.end()) return;
+    save = it->second;
   }
-  if (thread.joinable()) thread.join();
+  save.wait();
 }
 
-bool StorageWriter::has_pending_save() const {
-  std::lock_guard<std::mutex> lock(pending_mutex_);
-  return pending_.valid() && pending_.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
+bool PendingSaveAccess::pending(const StorageWriter& writer) {
+  InFlight& registry = in_flight();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  return registry.saves.count(&writer) != 0;
 }
 
-void PendingSaveAccess::make_room(StorageWriter& writer, AsyncStager& stager, PendingSave policy,
+bool has_pending_save(const StorageWriter& writer) {
+  return PendingSaveAccess::pending(writer);
+}
+
+void PendingSaveAccess::make_room(const StorageWriter& writer, AsyncStager& stager, PendingSave policy,
                                   const std::optional<dist::ProcessGroup>& group) {
   std::string rejected;  // why this rank rejects, if it does
   if (policy == PendingSave::kReject) {
-    if (writer.has_pending_save()) {
+    if (pending(writer)) {
       rejected = "a save on its writer is still in flight (PendingSave::kReject)";
     } else if (stager.reuses_buffers() && stager_busy(stager)) {
       rejected =
@@ -57,7 +92,7 @@ void PendingSaveAccess::make_room(StorageWriter& writer, AsyncStager& stager, Pe
   } else if (!rejected.empty()) {
     throw Error(fmt::format("async_save: {}", rejected));
   }
-  writer.wait_for_pending_save();
+  wait(writer);
   // Its errors are that save's to report, not this one's.
   if (stager.latest_save_.valid()) stager.latest_save_.wait();
   stager.latest_save_ = {};

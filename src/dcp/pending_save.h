@@ -13,11 +13,12 @@
 #include <future>
 #include <mutex>
 #include <optional>
-#include <thread>
 
 namespace stowage::dcp {
 
-// The writer's record of its async_save in flight (one at a time).
+// The async_saves in flight, by writer (one at a time each). A save is in flight from
+// begin() until its finished(), which it calls once it no longer uses the writer, just
+// before it completes its upload future.
 class PendingSaveAccess {
  public:
   // Makes room for a new save: waits for the pending one or rejects, per `policy`.
@@ -26,15 +27,13 @@ class PendingSaveAccess {
   // rank would reject, every rank does, naming those with a save in flight. The same
   // holds for a stager that reuses its buffers (AsyncStager::reuses_buffers()): the save
   // writing its previous snapshot, on any writer, is waited for or rejected.
-  static void make_room(StorageWriter& writer, AsyncStager& stager, PendingSave policy,
+  static void make_room(const StorageWriter& writer, AsyncStager& stager, PendingSave policy,
                         const std::optional<dist::ProcessGroup>& group);
-  static void set(StorageWriter& writer, AsyncStager& stager, std::thread thread,
-                  const std::shared_future<Metadata>& upload) {
-    if (stager.reuses_buffers()) stager.latest_save_ = upload;
-    std::lock_guard<std::mutex> lock(writer.pending_mutex_);
-    writer.pending_thread_ = std::move(thread);
-    writer.pending_ = upload;
-  }
+  static void begin(const StorageWriter& writer, AsyncStager& stager, const std::shared_future<Metadata>& upload);
+  static void finished(const StorageWriter& writer);
+  // Waits for the save in flight on `writer`, if any; its outcome is that save's.
+  static void wait(const StorageWriter& writer);
+  static bool pending(const StorageWriter& writer);
 
  private:
   static bool stager_busy(const AsyncStager& stager) {

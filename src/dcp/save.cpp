@@ -180,7 +180,7 @@ LocalSave plan_snapshot(StateDict snapshot, const std::unordered_map<std::string
 }  // namespace
 
 Metadata save(const StateDict& state, StorageWriter& writer, std::optional<dist::ProcessGroup> group) {
-  writer.wait_for_pending_save();
+  PendingSaveAccess::wait(writer);
   const int64_t rank = group ? group->rank() : 0;
   return run_save([&] { return plan_local_save(unshard_state_dict(resolve_stateful(state)), rank); }, writer, group);
 }
@@ -259,7 +259,7 @@ AsyncSaveResponse async_save(const StateDict& state, StorageWriter& writer, Asyn
   PendingSaveAccess::make_room(writer, *chosen, options.if_save_pending(), group);
   auto staging = std::make_shared<std::promise<void>>();
   auto upload = std::make_shared<std::promise<Metadata>>();
-  AsyncSaveResponse response{staging->get_future().share(), upload->get_future().share()};
+  AsyncSaveResponse response{staging->get_future().share(), upload->get_future().share(), nullptr};
 
   // With a group, an error here must still reach the other ranks through the
   // background save's collectives, so it is kept rather than thrown.
@@ -291,8 +291,10 @@ AsyncSaveResponse async_save(const StateDict& state, StorageWriter& writer, Asyn
         std::async(std::launch::deferred, [upload = response.upload_completion] { upload.wait(); }).share());
   }
   const int64_t rank = group ? group->rank() : 0;
-  std::thread thread([&writer, background, snapshot = std::exchange(snapshot, StateDict()), layouts, staging, upload,
-                      early_error, save_group, previous_save, rank]() mutable {
+  const auto run = [&writer, background, snapshot = std::exchange(snapshot, StateDict()), layouts, staging, upload,
+                    early_error, save_group, previous_save, rank]() mutable {
+    std::optional<Metadata> committed;
+    std::exception_ptr failure;
     try {
       if (early_error) {
         staging->set_exception(early_error);
@@ -312,12 +314,29 @@ AsyncSaveResponse async_save(const StateDict& state, StorageWriter& writer, Asyn
         if (early_error) std::rethrow_exception(early_error);
         return plan_snapshot(std::exchange(snapshot, StateDict()), layouts, rank);
       };
-      upload->set_value(run_save(prepare, writer, save_group));
+      committed = run_save(prepare, writer, save_group);
     } catch (...) {
-      upload->set_exception(std::current_exception());
+      failure = std::current_exception();
     }
-  });
-  PendingSaveAccess::set(writer, *chosen, std::move(thread), response.upload_completion);
+    // Done with the writer: a save waiting for this one may start on it.
+    PendingSaveAccess::finished(writer);
+    if (failure) {
+      upload->set_exception(failure);
+    } else {
+      upload->set_value(std::move(*committed));
+    }
+  };
+  PendingSaveAccess::begin(writer, *chosen, response.upload_completion);
+  try {
+    response.background = std::shared_ptr<std::thread>(new std::thread(std::move(run)), [](std::thread* thread) {
+      thread->join();
+      delete thread;
+    });
+  } catch (...) {
+    PendingSaveAccess::finished(writer);
+    upload->set_exception(std::current_exception());  // for a later save waiting on the stager
+    throw;
+  }
   if (!background && !early_error) {
     staging->set_value();
     if (chosen->should_synchronize_after_execute()) chosen->synchronize_staging();

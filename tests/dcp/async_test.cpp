@@ -70,7 +70,6 @@ class Gate {
 class HeldWriter : public FileSystemWriter {
  public:
   using FileSystemWriter::FileSystemWriter;
-  ~HeldWriter() override { wait_for_pending_save(); }
   Gate reached;
   Gate release;
 
@@ -283,7 +282,7 @@ TEST(DcpAsyncSave, AnUndefinedTensorGetsSavesErrorOnEveryPath) {
     FileSystemWriter writer(dir.path(), FileSystemWriterOptions().cache_staged_state_dict(set_up.writer_caches));
     const std::unique_ptr<AsyncStager> stager = set_up.make();
     expect_named([&] { async_save(state, writer, stager.get()); });  // thrown at once
-    EXPECT_FALSE(writer.has_pending_save());
+    EXPECT_FALSE(has_pending_save(writer));
     AsyncStager& direct = stager ? *stager : writer;
     expect_named([&] {
       if (auto future = direct.stage_in_background(state)) future->get();
@@ -451,7 +450,7 @@ TEST(DcpAsyncSave, ASecondSaveOnTheSameWriterWaitsForTheFirst) {
   HeldWriter writer(dir.path(), FileSystemWriterOptions().cache_staged_state_dict(true));
   AsyncSaveResponse first = async_save(filled(1), writer);
   writer.reached.wait();
-  EXPECT_TRUE(writer.has_pending_save());
+  EXPECT_TRUE(has_pending_save(writer));
   EXPECT_THROW(async_save(filled(2), writer, nullptr, AsyncSaveOptions().if_save_pending(PendingSave::kReject)), Error);
 
   std::atomic<bool> second_started{false};
@@ -474,7 +473,6 @@ TEST(DcpAsyncSave, ASecondSaveOnTheSameWriterWaitsForTheFirst) {
 TEST(DcpAsyncSave, AWriteErrorReachesTheUploadFuture) {
   struct BrokenWriter : FileSystemWriter {
     using FileSystemWriter::FileSystemWriter;
-    ~BrokenWriter() override { wait_for_pending_save(); }
     void on_item_written(const WriteResult& result) override {
       throw Error("disk on fire while writing " + result.fqn);
     }
@@ -502,7 +500,7 @@ TEST(DcpAsyncSave, ValidationErrorsAreThrownAtOnce) {
   StateDict bad;
   bad.insert("tuple", c10::ivalue::Tuple::create({c10::IValue(1)}));
   EXPECT_THROW(async_save(bad, writer), InvalidArgument);
-  EXPECT_FALSE(writer.has_pending_save());
+  EXPECT_FALSE(has_pending_save(writer));
 }
 
 TEST(DcpAsyncSave, DestructorsWaitAndLeaveNoThreads) {
@@ -512,10 +510,12 @@ TEST(DcpAsyncSave, DestructorsWaitAndLeaveNoThreads) {
   {
     HeldWriter writer(dir.path());
     DefaultStager stager;
-    upload = async_save(filled(4), writer, &stager).upload_completion;
+    const AsyncSaveResponse response = async_save(filled(4), writer, &stager);
+    upload = response.upload_completion;
     writer.reached.wait();
     writer.release.open();
-    // Both go out of scope with the save possibly still running.
+    // All three go out of scope with the save possibly still running: the response
+    // first, whose destructor waits for the save.
   }
   EXPECT_EQ(upload.wait_for(std::chrono::seconds(0)), std::future_status::ready);
   EXPECT_FALSE(upload.get().save_id.empty());
@@ -533,7 +533,6 @@ TEST(DcpAsyncSave, UncachedStagedBuffersAreFreedAsTheyAreWritten) {
   constexpr int64_t kBytes = int64_t(1) << 20;
   struct WatchingWriter : FileSystemWriter {
     using FileSystemWriter::FileSystemWriter;
-    ~WatchingWriter() override { wait_for_pending_save(); }
     void on_item_written(const WriteResult&) override {
       host_bytes.push_back(memory::host_buffer_stats().current_bytes);
     }

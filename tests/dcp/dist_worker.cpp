@@ -487,7 +487,7 @@ void reject_command(const dist::ProcessGroup& group, const std::string& dir) {
   dcp::StorageWriter& writer = g_rank == 1 ? static_cast<dcp::StorageWriter&>(gated) : spare;
   expect_rank1_failure(group, "async_save rejected on rank 1", "start", "still in flight",
                        [&] { dcp::async_save(make_state(2, true), writer, nullptr, reject, group); });
-  REQUIRE(!spare.has_pending_save(), "a save started on rank {} although rank 1 rejected", g_rank);
+  REQUIRE(!has_pending_save(spare), "a save started on rank {} although rank 1 rejected", g_rank);
   gated.open();
   check_metadata(first.upload_completion.get());
   // The background saves are still in step.

@@ -104,7 +104,6 @@ class FailingWriter : public FileSystemWriter {
  public:
   FailingWriter(const std::string& path, int fail_after, FileSystemWriterOptions options = {})
       : FileSystemWriter(path, options), fail_after_(fail_after) {}
-  ~FailingWriter() override { wait_for_pending_save(); }
 
  protected:
   void on_item_written(const WriteResult&) override {

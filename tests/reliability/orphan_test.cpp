@@ -50,7 +50,6 @@ TEST(OrphanCleanup, DataFilesStayWhenTheCommittedMetadataIsUnreadable) {
 class PausingWriter : public dcp::FileSystemWriter {
  public:
   using FileSystemWriter::FileSystemWriter;
-  ~PausingWriter() override { wait_for_pending_save(); }
   void wait_until_paused() {
     std::unique_lock<std::mutex> lock(mutex_);
     cv_.wait(lock, [&] { return paused_; });

@@ -34,8 +34,10 @@
 
 #include <future>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 namespace stowage::dcp {
 
@@ -100,13 +102,22 @@ struct AsyncSaveOptions {
 // PyTorch returns this only when staging itself is asynchronous, and the upload future
 // alone otherwise. Here there is one type: when staging is synchronous,
 // staging_completion is ready on return.
+//
+// The response owns the save's background thread: destroying its last copy waits for
+// the save to end (as the future of a std::async does). Keep a copy while the save
+// runs, and keep the writer and the stager alive until then.
 struct AsyncSaveResponse {
   // Ready once the snapshot is complete: from then on the source may change.
   std::shared_future<void> staging_completion;
   // Ready once the checkpoint is committed (its metadata) or the save failed (the
   // error, rethrown by get()).
   std::shared_future<Metadata> upload_completion;
+  // The background thread, joined when the last copy of the response goes.
+  std::shared_ptr<const std::thread> background;
 };
+
+// Whether an async_save on `writer` is still running.
+bool has_pending_save(const StorageWriter& writer);
 
 // Stages `state` with `stager` (else the writer, if it is an AsyncStager, else a
 // blocking uncached CPU copy) and writes the snapshot on a background thread.
@@ -114,8 +125,7 @@ struct AsyncSaveResponse {
 // upload_completion. Stateful values are turned into state dicts on this thread. When
 // the stager stages synchronously and asks for it (should_synchronize_after_execute),
 // its synchronize_staging() is called after the write has started. One save per writer
-// is in flight at a time (see AsyncSaveOptions); the writer must outlive the save and
-// its destructor waits for it.
+// is in flight at a time (see AsyncSaveOptions); the writer must outlive the response.
 //
 // With a group, the background save's collectives run on a group of the same ranks of
 // their own (made from `group` with new_group on the first such call, and kept with it),

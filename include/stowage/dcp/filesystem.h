@@ -63,7 +63,6 @@ struct FileSystemWriterOptions {
 class FileSystemWriter : public StorageWriter, public BlockingAsyncStager {
  public:
   explicit FileSystemWriter(std::string path, FileSystemWriterOptions options = {});
-  ~FileSystemWriter() override;
 
   const std::string& path() const { return path_; }
   const FileSystemWriterOptions& options() const { return options_; }

@@ -10,22 +10,21 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
-#include <future>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace stowage::dcp {
 
+// The storage of a save: a pure interface. An async_save's background work is owned by
+// its response (AsyncSaveResponse), not by the writer, so a subclass has nothing to wait
+// for; the writer must outlive the responses of the saves it serves.
 class StorageWriter {
  public:
   StorageWriter() = default;
   StorageWriter(const StorageWriter&) = delete;
   StorageWriter& operator=(const StorageWriter&) = delete;
-  // Waits for a pending async_save (see wait_for_pending_save).
-  virtual ~StorageWriter();
+  virtual ~StorageWriter() = default;
 
   // Every rank, first: prepares the destination and may amend the local plan.
   virtual SavePlan prepare_local_plan(SavePlan plan) = 0;
@@ -39,19 +38,6 @@ class StorageWriter {
   virtual void finish(const Metadata& metadata) = 0;
   // Every rank, after a failure anywhere: removes what this save wrote. Never throws.
   virtual void abort() noexcept = 0;
-
-  // Blocks until the async_save in flight on this writer, if any, has finished (its
-  // outcome goes to its own future). Never throws. A subclass's destructor must call
-  // it first, because the background save uses the subclass.
-  void wait_for_pending_save() noexcept;
-  // Whether an async_save on this writer is still running.
-  bool has_pending_save() const;
-
- private:
-  friend class PendingSaveAccess;
-  mutable std::mutex pending_mutex_;
-  std::thread pending_thread_;
-  std::shared_future<Metadata> pending_;
 };
 
 // A saved chunk, or a box of it, to read, and the contiguous CPU buffer it goes to: the
