@@ -417,8 +417,9 @@ TEST(DcpDefaultStager, TenThousandTensorsStageIntoAFewArenasUnderALowDescriptorL
   }
 }
 
-// The TSan report of DestructorsWaitAndLeaveNoThreads: a DefaultStager closed (its
-// cache freed) while a save still writes its snapshot. The snapshot holds its own
+// What TSan reported in DestructorsWaitAndLeaveNoThreads when a writer's destructor,
+// not the response's, waited for the save: a DefaultStager closed (its cache freed)
+// while a save still writes its snapshot. The snapshot holds its own
 // references to the staged buffers, so the last reference is the writer's, dropped as
 // each tensor is written: nothing is freed under the writer. Under ASan a buffer freed
 // too early would fail here as a use after free; without it, as wrong bytes.
