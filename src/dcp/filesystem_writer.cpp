@@ -82,10 +82,6 @@ bool is_save_file_name(const std::string& name) {
          name.compare(name.size() - 5, 5, ".data") == 0;
 }
 
-}  // namespace
-
-namespace {
-
 // For cleaning up: a file that cannot be removed stays an orphan, which a later save removes.
 void remove_if_possible(Env& env, const std::string& path) noexcept {
   try {
