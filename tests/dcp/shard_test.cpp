@@ -105,9 +105,10 @@ TEST(DcpShard, ACorruptBlockFailsAPartialLoadAndChangesNothing) {
   try {
     load(target, dir.path());
     ADD_FAILURE() << "a corrupt block was loaded";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("corrupt"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find(location.file), std::string::npos) << e.what();
+  } catch (const CorruptionError& e) {
+    EXPECT_EQ(e.entry(), "w") << e.what();
+    EXPECT_EQ(e.file(), path) << e.what();
+    EXPECT_EQ(e.offset(), location.offset + 2 * kChecksumBlockBytes) << e.what();  // block 2's first byte
   }
   EXPECT_TRUE(torch::equal(rows, torch::full({100, 1024}, -1.0f)));
 }
