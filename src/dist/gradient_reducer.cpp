@@ -33,12 +33,9 @@ void check_params(const std::vector<at::Tensor>& params) {
     if (!p.defined() || !p.requires_grad() || !p.is_leaf()) {
       throw InvalidArgument(fmt::format("GradientReducer: parameter {} is not a leaf tensor that requires grad", i));
     }
-    if (p.scalar_type() != params.front().scalar_type() || p.device() != params.front().device()) {
-      throw InvalidArgument(fmt::format("GradientReducer: parameter {} is {} on {}, parameter 0 {} on {}", i,
-                                        c10::toString(p.scalar_type()), p.device().str(),
-                                        c10::toString(params.front().scalar_type()), params.front().device().str()));
-    }
   }
+  // The all-reduces move each bucket as one flat buffer.
+  check_one_dtype_one_device(params, "GradientReducer");
 }
 
 // The parameters from last to first, cut into buckets of up to `cap_bytes` (one

@@ -526,4 +526,18 @@ ProcessGroup init_process_group_from_env(ProcessGroupOptions options) {
   return join_group(addr, static_cast<int>(port), env_int("RANK"), env_int("WORLD_SIZE"), attempt, options);
 }
 
+void check_one_dtype_one_device(const std::vector<at::Tensor>& tensors, const std::string& who) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    if (!t.defined()) throw InvalidArgument(fmt::format("{}: parameter {} is undefined", who, i));
+    const at::Tensor& first = tensors.front();
+    if (t.scalar_type() != first.scalar_type() || t.device() != first.device()) {
+      throw InvalidArgument(fmt::format(
+          "{}: parameter {} is {} on {}, parameter 0 {} on {}: every parameter must have one dtype on one device", who,
+          i, c10::toString(t.scalar_type()), t.device().str(), c10::toString(first.scalar_type()),
+          first.device().str()));
+    }
+  }
+}
+
 }  // namespace stowage::dist

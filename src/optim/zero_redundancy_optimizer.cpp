@@ -28,21 +28,6 @@ c10::impl::GenericList renumbered_groups(const c10::IValue& groups, int64_t coun
   return result;
 }
 
-void check_one_device_and_dtype(const std::vector<at::Tensor>& params) {
-  // The broadcasts move each share as one flat buffer.
-  for (size_t i = 0; i < params.size(); ++i) {
-    const at::Tensor& p = params[i];
-    if (!p.defined()) throw InvalidArgument(fmt::format("ZeroRedundancyOptimizer: parameter {} is undefined", i));
-    if (p.scalar_type() != params.front().scalar_type() || p.device() != params.front().device()) {
-      throw InvalidArgument(fmt::format(
-          "ZeroRedundancyOptimizer: parameter {} is {} on {}, parameter 0 {} on {}: every parameter must have one "
-          "dtype on one device",
-          i, c10::toString(p.scalar_type()), p.device().str(), c10::toString(params.front().scalar_type()),
-          params.front().device().str()));
-    }
-  }
-}
-
 }  // namespace
 
 std::vector<ParamRange> shard_parameters(const std::vector<at::Tensor>& params, int64_t ranks) {
@@ -68,7 +53,8 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<at::Tensor> params,
                                                  std::optional<dist::ProcessGroup> group,
                                                  ZeroRedundancyOptimizerOptions options)
     : params_(std::move(params)), group_(std::move(group)), rank_(group_ ? group_->rank() : 0) {
-  check_one_device_and_dtype(params_);
+  // The broadcasts move each share as one flat buffer.
+  dist::check_one_dtype_one_device(params_, "ZeroRedundancyOptimizer");
   shares_ = shard_parameters(params_, group_ ? group_->size() : 1);
   const ParamRange share = owned();
   local_ = make_optimizer(std::vector<at::Tensor>(params_.begin() + share.begin, params_.begin() + share.end));

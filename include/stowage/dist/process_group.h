@@ -112,6 +112,12 @@ class ProcessGroup {
   std::shared_ptr<Impl> impl_;
 };
 
+// Tensors moved by one collective as one flat buffer must all be defined and share
+// tensors[0]'s dtype and device. Throws InvalidArgument otherwise, naming `who`, the
+// first tensor that differs ("<who>: parameter 2 is Double on cpu, parameter 0 Float on
+// cpu: every parameter must have one dtype on one device").
+void check_one_dtype_one_device(const std::vector<at::Tensor>& tensors, const std::string& who);
+
 // Joins the group the environment describes, as torchrun and `stowage launch` set it:
 // RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; GLOO_SOCKET_IFNAME, if set, picks the
 // network interface as in PyTorch. Rank 0 hosts the TCPStore, unless torchrun's agent
