@@ -291,8 +291,10 @@ AsyncSaveResponse async_save(const StateDict& state, StorageWriter& writer, Asyn
         std::async(std::launch::deferred, [upload = response.upload_completion] { upload.wait(); }).share());
   }
   const int64_t rank = group ? group->rank() : 0;
-  const auto run = [&writer, background, snapshot = std::exchange(snapshot, StateDict()), layouts, staging, upload,
-                    early_error, save_group, previous_save, rank]() mutable {
+  // Moved into the thread, so not const: a const closure would be copied, and this copy
+  // would hold the snapshot's buffers until async_save returns.
+  auto run = [&writer, background, snapshot = std::exchange(snapshot, StateDict()), layouts, staging, upload,
+              early_error, save_group, previous_save, rank]() mutable {
     std::optional<Metadata> committed;
     std::exception_ptr failure;
     try {
