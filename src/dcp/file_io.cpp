@@ -33,6 +33,10 @@ Error not_a_regular_file(const std::string& path, FileType type) {
   return Error(fmt::format("'{}' is {}, not a regular file", path, describe(type)));
 }
 
+void refuse_unless_regular_or_absent(const std::string& path, FileType type) {
+  if (type != FileType::kRegular && type != FileType::kAbsent) throw not_a_regular_file(path, type);
+}
+
 }  // namespace
 
 File& File::operator=(File&& other) noexcept {
@@ -66,8 +70,7 @@ File File::open_for_reading(const std::string& path) {
   // Checked before opening: opening a FIFO blocks until it has a writer, and opening a
   // device node can act on the device. O_NONBLOCK and the second check cover an object
   // swapped in between the two calls.
-  const FileType type = file_type_at(path);
-  if (type != FileType::kRegular && type != FileType::kAbsent) throw not_a_regular_file(path, type);
+  refuse_unless_regular_or_absent(path, file_type_at(path));
   const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw_io_error(fmt::format("cannot open '{}'", path), path, "open", errno);
   File file(fd, path);
@@ -147,8 +150,7 @@ bool file_exists(Env& env, const std::string& path) {
 }
 
 void refuse_special_file(Env& env, const std::string& path) {
-  const FileType type = env.file_type(path);
-  if (type != FileType::kRegular && type != FileType::kAbsent) throw not_a_regular_file(path, type);
+  refuse_unless_regular_or_absent(path, env.file_type(path));
 }
 
 std::string read_text_file(Env& env, const std::string& path) {

@@ -48,7 +48,8 @@ class File {
   std::string path_;
 };
 
-// What `path` names (lstat); IoError if lstat fails other than with ENOENT.
+// What `path` names (lstat); kAbsent for ENOENT and ENOTDIR, IoError for any other
+// failure.
 FileType file_type_at(const std::string& path);
 
 std::string join_path(const std::string& directory, const std::string& name);

@@ -123,7 +123,8 @@ class PosixEnv final : public Env {
     std::error_code error;
     std::filesystem::create_directories(path, error);
     if (error) throw_filesystem_error("cannot create directory", path, "mkdir", error);
-    if (detail::file_type_at(path) != FileType::kDirectory) {
+    // Following symbolic links: a checkpoint directory may be a link to one.
+    if (!std::filesystem::is_directory(path, error)) {
       throw Error(fmt::format("'{}' exists and is not a directory", path));
     }
   }

@@ -87,6 +87,21 @@ std::string first_data_file(const std::string& dir) {
   return dir + "/" + testing::data_files(dir).at(0);
 }
 
+// Links are refused for the files inside a checkpoint, not for the directory itself.
+TEST(DcpSpecialFiles, ACheckpointDirectoryMayBeASymbolicLinkToOne) {
+  const ScratchDir dir;
+  ASSERT_EQ(::mkdir(dir.sub("real").c_str(), 0755), 0);
+  ASSERT_EQ(::symlink(dir.sub("real").c_str(), dir.sub("link").c_str()), 0);
+  StateDict state;
+  state.insert("w", torch::arange(6, torch::kFloat));
+  save(state, dir.sub("link"));
+  StateDict target;
+  target.insert("w", torch::zeros({6}));
+  load(target, dir.sub("link"));
+  EXPECT_TRUE(torch::equal(target.at("w").toTensor(), torch::arange(6, torch::kFloat)));
+  EXPECT_TRUE(std::filesystem::exists(testing::metadata_path(dir.sub("real"))));
+}
+
 TEST(DcpSpecialFiles, ADataFileThatIsNotARegularFileFailsTheLoadAtOnceNamingIt) {
   for (const SpecialKind& kind : special_kinds()) {
     SCOPED_TRACE(kind.name);
