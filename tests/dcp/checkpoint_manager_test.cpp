@@ -189,6 +189,22 @@ TEST(DcpCheckpointManager, GoesThroughItsEnvAndReportsARemovalItCouldNotMake) {
   EXPECT_GT(env.count(testing::Call::kMmap), 0);  // restore read through the env too
 }
 
+// A directory that exists but cannot be listed is an error, not "no checkpoints": a
+// restore must not start from scratch over checkpoints it could not see.
+TEST(DcpCheckpointManager, ADirectoryThatCannotBeListedIsAnIoError) {
+  const ScratchDir dir;
+  EXPECT_TRUE(list_checkpoints(dir.sub("absent")).empty());
+  testing::FaultInjectionEnv env;
+  env.fail(testing::Call::kList, 1);
+  try {
+    list_checkpoints(dir.path(), env);
+    ADD_FAILURE() << "a listing that failed gave a result";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.operation(), "list");
+    EXPECT_EQ(e.path(), dir.path());
+  }
+}
+
 TEST(DcpCheckpointManager, TwoRanksSaveAndRestoreTogether) {
   const ScratchDir dir;
   stowage::testing::run_ranks(2, [&](const dist::ProcessGroup& group) {
