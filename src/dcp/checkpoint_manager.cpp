@@ -2,6 +2,8 @@
 #include <stowage/dcp/metadata.h>
 #include <stowage/error.h>
 
+#include "decimal.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -21,11 +23,7 @@ constexpr const char* kStepPrefix = "step-";
 std::optional<int64_t> step_of(const std::string& name) {
   const size_t prefix = std::char_traits<char>::length(kStepPrefix);
   if (name.rfind(kStepPrefix, 0) != 0) return std::nullopt;
-  const std::string digits = name.substr(prefix);
-  if (digits.empty() || digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) {
-    return std::nullopt;
-  }
-  return std::stoll(digits);
+  return parse_decimal_digits(name.substr(prefix));
 }
 
 double seconds_between(Clock::time_point from, Clock::time_point to) {

@@ -1,6 +1,8 @@
 #include <stowage/error.h>
 #include <stowage/state/optimizer_layout.h>
 
+#include "decimal.h"
+
 #include <torch/optim/optimizer.h>
 
 #include <fmt/format.h>
@@ -14,9 +16,7 @@ c10::impl::GenericDict new_layout_dict() {
 }
 
 std::optional<int64_t> parse_param_id(const std::string& key) {
-  // Digits only, and few enough that the value fits: no sign, space or other spelling.
-  if (key.empty() || key.size() > 18 || key.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
-  return std::stoll(key);
+  return parse_decimal_digits(key);
 }
 
 c10::IValue require_entry(const c10::impl::GenericDict& dict, const std::string& key, const std::string& where) {
