@@ -1,5 +1,5 @@
+#include "dcp/chunk_reader.h"
 #include "dcp/file_io.h"
-#include "dcp/hash_state.h"
 #include "dcp/internal.h"
 #include "dcp/mapped_file.h"
 
@@ -7,12 +7,9 @@
 #include <stowage/error.h>
 
 #include <fmt/format.h>
-#include <xxhash.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <atomic>
-#include <cstring>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -143,46 +140,6 @@ Metadata FileSystemReader::read_metadata() {
   }
 }
 
-namespace {
-
-// A contiguous byte range of a chunk, relative to the chunk's first byte.
-struct ByteRun {
-  int64_t begin = 0;
-  int64_t length = 0;
-};
-
-// The byte runs of `region` within a row-major chunk of `sizes`, in order (adjacent
-// rows merged where the region spans whole rows).
-std::vector<ByteRun> runs_of(const std::vector<int64_t>& sizes, const ChunkBox& region, int64_t element_bytes) {
-  const size_t dims = sizes.size();
-  std::vector<int64_t> strides(dims, element_bytes);  // in bytes
-  for (size_t d = dims; d-- > 1;) strides[d - 1] = strides[d] * sizes[d];
-  // Dimensions from `inner` on are contiguous in the chunk: all but the first of them
-  // are spanned whole by the region.
-  size_t inner = dims;
-  int64_t run_length = element_bytes;
-  while (inner > 0) {
-    --inner;
-    run_length *= region.sizes[inner];
-    if (region.sizes[inner] != sizes[inner]) break;
-  }
-  std::vector<ByteRun> runs;
-  if (run_length == 0) return runs;
-  // Walk the outer dimensions' indices like an odometer.
-  std::vector<int64_t> index(inner, 0);
-  for (;;) {
-    int64_t begin = 0;
-    for (size_t d = 0; d < dims; ++d) begin += (region.offsets[d] + (d < inner ? index[d] : 0)) * strides[d];
-    runs.push_back(ByteRun{begin, run_length});
-    size_t d = inner;
-    while (d > 0 && ++index[d - 1] == region.sizes[d - 1]) index[--d] = 0;
-    if (d == 0) break;
-  }
-  return runs;
-}
-
-}  // namespace
-
 void FileSystemReader::read_data(std::vector<ChunkRead>& reads) {
   run_reads(reads, /*verify_only=*/false);
 }
@@ -221,127 +178,8 @@ void FileSystemReader::run_reads(std::vector<ChunkRead>& reads, bool verify_only
   std::mutex error_mutex;
 
   const auto read_one = [&](ChunkRead& read) {
-    const StorageLocation& location = read.chunk->location;
-    const auto where = [&] {
-      return fmt::format("checkpoint '{}': entry '{}': data file '{}'", path_, read.entry->fqn, location.file);
-    };
-    const OpenFile& open = *files_.at(location.file);
-    // The mapping covers the file's first open.size bytes: nothing outside them is read.
-    if (location.offset < 0 || location.length < 0 || location.offset > open.size ||
-        location.length > open.size - location.offset) {
-      throw CorruptionError(fmt::format("{} is truncated: it has {} bytes, the chunk needs bytes {} to {}", where(),
-                                        open.size, location.offset, location.offset + location.length),
-                            read.entry->fqn, open.file->path(), open.size);
-    }
-    const int64_t element_bytes = element_size(read.entry->dtype);
-    const ChunkBox region =
-        read.region.value_or(ChunkBox{std::vector<int64_t>(read.chunk->box.sizes.size(), 0), read.chunk->box.sizes});
-    const int64_t wanted = detail::checked_volume(region.sizes, read.entry->fqn) * element_bytes;
-    if (read.buffer.nbytes() != static_cast<size_t>(wanted) || !read.buffer.is_contiguous() ||
-        !read.buffer.device().is_cpu() || region.offsets.size() != read.chunk->box.sizes.size() ||
-        region.sizes.size() != read.chunk->box.sizes.size()) {
-      throw InvalidArgument(where() + ": the read buffer does not match the region read");
-    }
-    // Every run lies inside the chunk, and the chunk inside its bytes.
-    const std::vector<int64_t>& chunk_sizes = read.chunk->box.sizes;
-    for (size_t d = 0; d < chunk_sizes.size(); ++d) {
-      if (region.offsets[d] < 0 || region.sizes[d] < 0 || region.offsets[d] > chunk_sizes[d] ||
-          region.sizes[d] > chunk_sizes[d] - region.offsets[d]) {
-        throw InvalidArgument(where() + ": the region read is not inside the chunk");
-      }
-    }
-    if (detail::checked_volume(chunk_sizes, read.entry->fqn) * element_bytes != location.length) {
-      throw CorruptionError(where() + ": the chunk's length does not match its shape", read.entry->fqn,
-                            open.file->path(), location.offset);
-    }
-    if (location.length == 0) {
-      read.verified = true;
-      return;
-    }
-    // The chunk's bytes in the mapping; every range below lies inside them.
-    const char* chunk_bytes = open.mapping->data() + location.offset;
-    char* out = static_cast<char*>(read.buffer.data_ptr());
-    // A guarded read of the mapping faulted: the file shrank, or the device could not
-    // read a page (the kernel signals an I/O error on a mapped file the same way).
-    const auto throw_unreadable = [&] {
-      const int64_t size_now = open.file->size();
-      if (size_now < open.size) {
-        throw CorruptionError(fmt::format("{} was truncated while being read: it has {} bytes now", where(), size_now),
-                              read.entry->fqn, open.file->path(), size_now);
-      }
-      throw IoError(fmt::format("{}: cannot read '{}': Input/output error (a page of its mapping could not be read)",
-                                where(), open.file->path()),
-                    open.file->path(), "read", EIO);
-    };
-    const auto corrupt = [&](int64_t offset, int64_t length, uint64_t actual, uint64_t expected) {
-      return CorruptionError(
-          fmt::format("{} is corrupt: the bytes at offset {} ({} bytes) have checksum {:016x}, expected {:016x}",
-                      where(), offset, length, actual, expected),
-          read.entry->fqn, open.file->path(), offset);
-    };
-    const auto copy = [&](char* destination, int64_t chunk_offset, int64_t length) {
-      if (!detail::guarded_copy(destination, chunk_bytes + chunk_offset, static_cast<size_t>(length)))
-        throw_unreadable();
-    };
-    if (wanted == location.length) {
-      // The whole chunk, checked against the chunk's checksum.
-      if (read.verified) {  // checked already: only the copy is left
-        copy(out, 0, location.length);
-        return;
-      }
-      const detail::HashState state = detail::new_hash_state();
-      for (int64_t done = 0; done < location.length; done += kChecksumBlockBytes) {
-        const int64_t piece = std::min(kChecksumBlockBytes, location.length - done);
-        if (verify_only) {
-          if (!detail::guarded_hash_update(state.get(), chunk_bytes + done, static_cast<size_t>(piece))) {
-            throw_unreadable();
-          }
-        } else {
-          // Hash what was copied, while it is in cache: the buffer gets exactly the
-          // bytes checked.
-          copy(out + done, done, piece);
-          XXH3_64bits_update(state.get(), out + done, static_cast<size_t>(piece));
-        }
-      }
-      const uint64_t checksum = XXH3_64bits_digest(state.get());
-      bytes_checked += location.length;
-      if (checksum != location.checksum) throw corrupt(location.offset, location.length, checksum, location.checksum);
-      read.verified = true;
-      return;
-    }
-    // Part of the chunk: its runs, and the checksum blocks they touch, each verified.
-    // Without block checksums (version 1, or a chunk of one block) the chunk is one
-    // block.
-    const std::vector<ByteRun> runs = runs_of(read.chunk->box.sizes, region, element_bytes);
-    if (!read.verified) {
-      const bool blocked = !location.block_checksums.empty();
-      const int64_t block_bytes = blocked ? kChecksumBlockBytes : location.length;
-      int64_t next_block = 0;  // blocks below it are verified
-      for (const ByteRun& run : runs) {
-        const int64_t first = std::max(next_block, run.begin / block_bytes);
-        const int64_t last = (run.begin + run.length - 1) / block_bytes;
-        for (int64_t block = first; block <= last; ++block) {
-          const int64_t begin = block * block_bytes;
-          const int64_t length = std::min(block_bytes, location.length - begin);
-          const detail::HashState state = detail::new_hash_state();
-          if (!detail::guarded_hash_update(state.get(), chunk_bytes + begin, static_cast<size_t>(length))) {
-            throw_unreadable();
-          }
-          const uint64_t checksum = XXH3_64bits_digest(state.get());
-          const uint64_t expected = blocked ? location.block_checksums[static_cast<size_t>(block)] : location.checksum;
-          if (checksum != expected) throw corrupt(location.offset + begin, length, checksum, expected);
-          bytes_checked += length;
-        }
-        next_block = std::max(next_block, last + 1);
-      }
-      read.verified = true;
-      if (verify_only) return;
-    }
-    int64_t out_offset = 0;
-    for (const ByteRun& run : runs) {
-      copy(out + out_offset, run.begin, run.length);
-      out_offset += run.length;
-    }
+    const OpenFile& open = *files_.at(read.chunk->location.file);
+    bytes_checked += detail::read_chunk(path_, read, {open.file.get(), open.size, open.mapping.get()}, verify_only);
   };
   const auto worker = [&] {
     for (size_t i = next++; i < reads.size() && !failed.load(); i = next++) {
