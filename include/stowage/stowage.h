@@ -20,6 +20,7 @@
 #include <stowage/optim/zero_redundancy_optimizer.h>
 #include <stowage/state/copy.h>
 #include <stowage/state/destination.h>
+#include <stowage/state/optimizer_adapter.h>
 #include <stowage/state/optimizer_layout.h>
 #include <stowage/state/state_dict.h>
 #include <stowage/state/stateful.h>

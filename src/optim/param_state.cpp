@@ -4,46 +4,21 @@
 #include <stowage/optim/master_adamw.h>
 #include <stowage/optim/swap_config.h>
 
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-
 #include <c10/util/Type.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace stowage::optim::detail {
-namespace {
 
-template <typename State>
-ParamStateRef refs_of(State& state) {
-  ParamStateRef ref;
-  ref.step = &state.step();
-  ref.tensors[kExpAvgSlot] = &state.exp_avg();
-  ref.tensors[kExpAvgSqSlot] = &state.exp_avg_sq();
-  ref.tensors[kMaxExpAvgSqSlot] = &state.max_exp_avg_sq();
-  return ref;
-}
-
-}  // namespace
-
-Family family_of(const torch::optim::Optimizer& optimizer) {
-  if (dynamic_cast<const torch::optim::Adam*>(&optimizer)) return Family::kAdam;
-  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return Family::kAdamW;
-  if (dynamic_cast<const MasterAdamW*>(&optimizer)) return Family::kMasterAdamW;
+SwapTarget swap_target_of(const torch::optim::Optimizer& optimizer) {
+  const OptimizerAdapter* adapter = find_optimizer_adapter(optimizer);
+  if (adapter == &adam_adapter()) return {adapter, Family::kAdam};
+  if (adapter == &adamw_adapter()) return {adapter, Family::kAdamW};
+  if (adapter == &master_adamw_adapter()) return {adapter, Family::kMasterAdamW};
   throw InvalidArgument(fmt::format(
       "Swap optimizer only supports torch::optim::Adam, torch::optim::AdamW and stowage::optim::MasterAdamW. Got {}.",
       c10::demangle(typeid(optimizer).name())));
-}
-
-const char* family_name(Family family) {
-  switch (family) {
-    case Family::kAdam:
-      return "torch::optim::Adam";
-    case Family::kAdamW:
-      return "torch::optim::AdamW";
-    case Family::kMasterAdamW:
-      return "stowage::optim::MasterAdamW";
-  }
-  return "?";
 }
 
 const char* slot_name(int slot) {
@@ -58,36 +33,23 @@ int slot_of(const std::string& name) {
   return -1;
 }
 
-bool family_has_slot(Family family, int slot) {
-  return slot != kMasterParamSlot || family == Family::kMasterAdamW;
+bool has_slot(const OptimizerAdapter& adapter, int slot) {
+  const std::vector<std::string>& keys = adapter.tensor_keys();
+  return std::find(keys.begin(), keys.end(), slot_name(slot)) != keys.end();
 }
 
-ParamStateRef state_ref(Family family, torch::optim::OptimizerParamState& state) {
-  switch (family) {
-    case Family::kAdam:
-      return refs_of(static_cast<torch::optim::AdamParamState&>(state));
-    case Family::kAdamW:
-      return refs_of(static_cast<torch::optim::AdamWParamState&>(state));
-    case Family::kMasterAdamW: {
-      auto& master_state = static_cast<MasterAdamWParamState&>(state);
-      ParamStateRef ref = refs_of(master_state);
-      ref.tensors[kMasterParamSlot] = &master_state.master_param();
-      return ref;
-    }
+ParamStateRef state_ref(const OptimizerAdapter& adapter, torch::optim::OptimizerParamState& state) {
+  const ParamStateFields fields = adapter.fields(state);
+  const std::vector<std::string>& keys = adapter.tensor_keys();
+  ParamStateRef ref;
+  ref.step = fields.step;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const int slot = slot_of(keys[i]);
+    // swap_target_of admits only adapters whose every state has a slot.
+    TORCH_INTERNAL_ASSERT(slot >= 0, adapter.name(), " has a state '", keys[i], "' the swap optimizer has no slot for");
+    ref.tensors[slot] = fields.tensors[i];
   }
-  throw Error("state_ref: unknown optimizer family");
-}
-
-std::unique_ptr<torch::optim::OptimizerParamState> new_param_state(Family family) {
-  switch (family) {
-    case Family::kAdam:
-      return std::make_unique<torch::optim::AdamParamState>();
-    case Family::kAdamW:
-      return std::make_unique<torch::optim::AdamWParamState>();
-    case Family::kMasterAdamW:
-      return std::make_unique<MasterAdamWParamState>();
-  }
-  throw Error("new_param_state: unknown optimizer family");
+  return ref;
 }
 
 }  // namespace stowage::optim::detail

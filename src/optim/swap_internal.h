@@ -23,6 +23,10 @@ namespace stowage::optim::detail {
 // bytes, so that every state's host and device views start aligned.
 inline constexpr int64_t kAlignmentBytes = 512;
 
+inline int64_t align_up(int64_t value, int64_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+
 // "Float [3, 4]", for error messages.
 inline std::string describe(const at::Tensor& t) {
   return fmt::format("{} [{}]", c10::toString(t.scalar_type()), fmt::join(t.sizes(), ", "));

@@ -3,16 +3,15 @@
 #include <stowage/optim/partition.h>
 #include <stowage/optim/swap_optimizer.h>
 
-#include "exception_message.h"
 #include "optim/adam_update.h"
 #include "optim/swap_internal.h"
+#include "optim/swap_pipeline.h"
 
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/utils.h>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <functional>
@@ -32,10 +31,6 @@ using memory::CopyLane;
 
 namespace {
 
-int64_t align_up(int64_t value, int64_t alignment) {
-  return (value + alignment - 1) / alignment * alignment;
-}
-
 int64_t nbytes(const at::Tensor& t) {
   return t.numel() * static_cast<int64_t>(t.element_size());
 }
@@ -43,12 +38,6 @@ int64_t nbytes(const at::Tensor& t) {
 bool amsgrad_of(Family family, const torch::optim::OptimizerOptions& options) {
   return family == Family::kAdam ? static_cast<const torch::optim::AdamOptions&>(options).amsgrad()
                                  : static_cast<const torch::optim::AdamWOptions&>(options).amsgrad();
-}
-
-// The dtype a state of `slot` has for `param`: the parameter's, or fp32 for the states of
-// an optimizer that keeps fp32 masters.
-c10::ScalarType state_dtype(Family family, const at::Tensor& param) {
-  return family == Family::kMasterAdamW ? at::kFloat : param.scalar_type();
 }
 
 }  // namespace
@@ -60,13 +49,14 @@ SwapOptimizer::SwapOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
   if (!optimizer_) {
     throw InvalidArgument("swap_optimizer: null optimizer");
   }
-  family_ = detail::family_of(*optimizer_);
+  const detail::SwapTarget target = detail::swap_target_of(*optimizer_);
+  adapter_ = target.adapter;
+  family_ = target.family;
   swapped_slot_.assign(detail::kSlotCount, false);
   for (const std::string& key : config_.swapped_keys()) {
     const int slot = detail::slot_of(key);
-    if (!detail::family_has_slot(family_, slot)) {
-      throw InvalidArgument(
-          fmt::format("Requested state key '{}' is not available for {}.", key, detail::family_name(family_)));
+    if (slot < 0 || !detail::has_slot(*adapter_, slot)) {
+      throw InvalidArgument(fmt::format("Requested state key '{}' is not available for {}.", key, adapter_->name()));
     }
     swapped_slot_[slot] = true;
   }
@@ -120,7 +110,7 @@ void SwapOptimizer::check_param_groups() const {
     throw InvalidArgument(fmt::format(
         "Requested state key 'max_exp_avg_sq' is not present for any parameter: no param group of the {} has "
         "amsgrad enabled.",
-        detail::family_name(family_)));
+        adapter_->name()));
   }
 }
 
@@ -155,7 +145,7 @@ std::vector<Unit> SwapOptimizer::collect_units() {
       unit.group = g;
       unit.param = param;
       unit.has_grad = param.grad().defined();
-      unit.state = detail::state_ref(family_, *state);
+      unit.state = detail::state_ref(*adapter_, *state);
       for (int slot = 0; slot < detail::kSlotCount; ++slot) {
         at::Tensor* holder = unit.state.tensors[slot];
         if (holder == nullptr) continue;
@@ -195,7 +185,7 @@ std::vector<SlotRequest> SwapOptimizer::requests_for(std::vector<Unit>& units,
                                         std::make_pair(static_cast<const void*>(impl), slot.slot)) != pending.end();
       if (is_pending) {
         request.shape = unit.param.sizes().vec();
-        request.dtype = state_dtype(family_, unit.param);
+        request.dtype = adapter_->state_dtype(unit.param);
         if (slot.slot == detail::kMasterParamSlot) {
           request.source = Source::kDeviceCopy;
           request.from = unit.param.detach();
@@ -241,7 +231,7 @@ void SwapOptimizer::ensure_host_layout(std::vector<SlotRequest> requests) {
     for (size_t i = 0; i < requests.size(); ++i) {
       const int64_t element = static_cast<int64_t>(c10::elementSize(requests[i].dtype));
       int64_t& end = used[requests[i].dtype];
-      offsets[i] = align_up(end, detail::kAlignmentBytes / element);
+      offsets[i] = detail::align_up(end, detail::kAlignmentBytes / element);
       end = offsets[i] + c10::multiply_integers(requests[i].shape);
     }
     for (const auto& [dtype, numel] : used) {
@@ -292,16 +282,7 @@ void SwapOptimizer::ensure_host_layout(std::vector<SlotRequest> requests) {
 
 // ------------------------------------------------------------------------ step
 
-at::Tensor SwapOptimizer::step(torch::optim::Optimizer::LossClosure closure) {
-  if (closure != nullptr) {
-    throw InvalidArgument(
-        "Swap optimizer does not support a closure: run the forward and backward pass, then call step().");
-  }
-  torch::NoGradGuard no_grad;
-  // Everything that can be checked is checked before anything changes, so that no update
-  // can fail on its inputs once the first one has run. The param groups are the wrapped
-  // optimizer's, which may have changed since the constructor checked them.
-  check_param_groups();
+void SwapOptimizer::check_gradients() const {
   auto& groups = optimizer_->param_groups();
   auto& states = optimizer_->state();
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -326,7 +307,7 @@ at::Tensor SwapOptimizer::step(torch::optim::Optimizer::LossClosure closure) {
       }
       torch::optim::OptimizerParamState* state = detail::find_state(states, param);
       if (amsgrad && state != nullptr &&
-          !detail::state_ref(family_, *state).tensors[detail::kMaxExpAvgSqSlot]->defined()) {
+          !detail::state_ref(*adapter_, *state).tensors[detail::kMaxExpAvgSqSlot]->defined()) {
         throw InvalidArgument(fmt::format(
             "Swap optimizer: param group {} has amsgrad on but parameter {} has no max_exp_avg_sq state (amsgrad was "
             "enabled after its state was created).",
@@ -334,19 +315,20 @@ at::Tensor SwapOptimizer::step(torch::optim::Optimizer::LossClosure closure) {
       }
     }
   }
+}
 
-  // First-step states, as the wrapped optimizer would create them. Those to be swapped
-  // start in the host layout (zeros, or the parameter for a master weight) and never take
-  // device memory between steps. If the layout cannot be built, they are removed again.
-  std::vector<std::pair<const void*, int>> pending;
+void SwapOptimizer::create_first_step_states() {
+  auto& groups = optimizer_->param_groups();
+  auto& states = optimizer_->state();
+  std::vector<std::pair<const void*, int>> pending;  // the new states to be swapped, not yet allocated
   std::vector<typename std::decay_t<decltype(states)>::key_type> created;
   for (auto& group : groups) {
     const bool amsgrad = amsgrad_of(family_, group.options());
     for (const at::Tensor& param : group.params()) {
       if (!param.grad().defined() || detail::find_state(states, param) != nullptr) continue;
-      auto state = detail::new_param_state(family_);
-      detail::ParamStateRef ref = detail::state_ref(family_, *state);
-      const c10::ScalarType dtype = state_dtype(family_, param);
+      auto state = adapter_->new_state();
+      detail::ParamStateRef ref = detail::state_ref(*adapter_, *state);
+      const c10::ScalarType dtype = adapter_->state_dtype(param);
       for (int slot = 0; slot < detail::kSlotCount; ++slot) {
         if (ref.tensors[slot] == nullptr || (slot == detail::kMaxExpAvgSqSlot && !amsgrad)) continue;
         if (swapped_slot_[slot] && at::isFloatingType(dtype) && param.numel() >= config_.min_numel()) {
@@ -368,6 +350,20 @@ at::Tensor SwapOptimizer::step(torch::optim::Optimizer::LossClosure closure) {
     for (const auto& key : created) states.erase(key);
     throw;
   }
+}
+
+at::Tensor SwapOptimizer::step(torch::optim::Optimizer::LossClosure closure) {
+  if (closure != nullptr) {
+    throw InvalidArgument(
+        "Swap optimizer does not support a closure: run the forward and backward pass, then call step().");
+  }
+  torch::NoGradGuard no_grad;
+  // Everything that can be checked is checked before anything changes, so that no update
+  // can fail on its inputs once the first one has run. The param groups are the wrapped
+  // optimizer's, which may have changed since the constructor checked them.
+  check_param_groups();
+  check_gradients();
+  create_first_step_states();
 
   // Packed mode moves contiguous host ranges, so it carries the states of parameters
   // without a gradient along (unchanged); per-tensor mode leaves them on the host.
@@ -383,12 +379,12 @@ at::Tensor SwapOptimizer::step(torch::optim::Optimizer::LossClosure closure) {
     }
     costs.push_back(std::max<int64_t>(1, bytes));
   }
-  const std::vector<int64_t> batch_sizes = partition_by_cost(costs, config_.swap_times());
-  if (config_.packed_swap()) {
-    run_packed(units, batch_sizes);
-  } else {
-    run_per_tensor(units, batch_sizes);
-  }
+  const detail::Batches batches(partition_by_cost(costs, config_.swap_times()));
+  const std::unique_ptr<detail::SwapTransport> transport =
+      config_.packed_swap() ? detail::make_packed_transport(*engine_, units, batches, layout_->buffers, device_)
+                            : detail::make_per_tensor_transport(*engine_, units, batches, device_);
+  detail::run_swap_pipeline(*engine_, *transport, units, batches, host_ready_,
+                            [this](Unit& unit, const auto& swapped_state) { update_unit(unit, swapped_state); });
   return {};
 }
 
@@ -412,302 +408,6 @@ void SwapOptimizer::update_unit(Unit& unit, const std::function<at::Tensor(const
                         tensors[detail::kMaxExpAvgSqSlot], step, hyper);
   }
   *unit.state.step = step;
-}
-
-// After a failure inside a pipeline: the units before `processed` (in unit order) were
-// updated, none after. `downloaded(b)` tells whether batch b's states reached the host
-// buffers; `redownload(b)` copies them there again and waits; `keep_on_device(b)` points
-// batch b's holders at device copies of its states instead. A batch with an updated unit
-// whose download did not succeed goes through the second and, if that fails too, the
-// third, so that every parameter's state matches it. Then the cause is rethrown, with
-// what happened.
-void SwapOptimizer::recover_from_failure(std::exception_ptr cause, const std::vector<Unit>& units,
-                                         const std::vector<size_t>& first_unit, size_t processed,
-                                         const std::function<bool(int64_t)>& downloaded,
-                                         const std::function<void(int64_t)>& redownload,
-                                         const std::function<void(int64_t)>& keep_on_device) {
-  // No copy may still run into the arenas or staged tensors, which are freed on return.
-  engine_->drain();
-  host_ready_ = CopyEvent();
-  const int64_t batches = static_cast<int64_t>(first_unit.size()) - 1;
-  std::vector<int64_t> redone;
-  std::vector<int64_t> kept;
-  for (int64_t b = 0; b < batches && first_unit[b] < processed; ++b) {
-    if (downloaded(b)) continue;
-    try {
-      redownload(b);
-      redone.push_back(b);
-    } catch (...) {
-      engine_->drain();
-      keep_on_device(b);
-      kept.push_back(b);
-    }
-  }
-
-  std::string what = "an exception that is no std::exception";
-  try {
-    std::rethrow_exception(cause);
-  } catch (const std::exception& e) {
-    what = exception_message(e);
-  } catch (...) {
-  }
-  std::string outcome;
-  if (processed == units.size()) {
-    outcome = "every parameter was updated";
-  } else {
-    const auto batch = std::upper_bound(first_unit.begin(), first_unit.end(), processed) - first_unit.begin() - 1;
-    outcome = fmt::format("the update stopped in batch {} of {}: ", batch, batches);
-    outcome += processed == 0
-                   ? std::string("no parameter was updated")
-                   : fmt::format(
-                         "parameters {} to {} were updated (those with a gradient), {} to {} "
-                         "were not",
-                         units.front().index, units[processed - 1].index, units[processed].index, units.back().index);
-  }
-  if (!redone.empty()) {
-    outcome += fmt::format("; the states of batch(es) {} were downloaded again", fmt::join(redone, ", "));
-  }
-  if (!kept.empty()) {
-    outcome += fmt::format(
-        "; the states of batch(es) {} could not be downloaded and stay on the device until the "
-        "next step",
-        fmt::join(kept, ", "));
-  }
-  throw Error(fmt::format("Swap optimizer step failed: {} ({}; every state matches its parameter)", what, outcome));
-}
-
-// Packed pipeline. Each batch's swapped states of one dtype form one contiguous range of
-// that dtype's host buffer, moved with one copy per direction into a staging arena; batch
-// b uses arena b % 2. Per batch:
-//   compute waits for the upload of b; b is updated in the arena;
-//   the download lane waits for that compute, then downloads b;
-//   the upload lane waits for that download, then uploads b + 2 into the same arena.
-// So at most two batches are on the device, and batch b's compute overlaps the download
-// of b - 1 and the upload of b + 1. If a download fails, the upload lane fails on waiting
-// for it, so the arena keeps the batch's updated states for recover_from_failure.
-void SwapOptimizer::run_packed(std::vector<Unit>& units, const std::vector<int64_t>& batch_sizes) {
-  const int64_t batches = static_cast<int64_t>(batch_sizes.size());
-  if (batches == 0) return;
-  struct Range {
-    int64_t start = 0;
-    int64_t end = 0;  // elements, exclusive
-  };
-  std::vector<std::map<c10::ScalarType, Range>> ranges(batches);
-  std::vector<size_t> first_unit(batches + 1, 0);
-  for (int64_t b = 0; b < batches; ++b) {
-    first_unit[b + 1] = first_unit[b] + batch_sizes[b];
-    for (size_t u = first_unit[b]; u < first_unit[b + 1]; ++u) {
-      for (const UnitSlot& slot : units[u].slots) {
-        if (!slot.swapped) continue;
-        const c10::ScalarType dtype = slot.holder->scalar_type();
-        const int64_t element = slot.holder->element_size();
-        auto [it, first] = ranges[b].try_emplace(dtype, Range{slot.host_offset, slot.host_offset});
-        if (!first && slot.host_offset != align_up(it->second.end, detail::kAlignmentBytes / element)) {
-          throw Error(
-              fmt::format("Packed optimizer batch {} has a non-contiguous {} host range at state '{}' of "
-                          "parameter {}.",
-                          b, c10::toString(dtype), detail::slot_name(slot.slot), units[u].index));
-        }
-        it->second.end = slot.host_offset + slot.holder->numel();
-      }
-    }
-  }
-
-  // Arena layout: dtypes by name, each range 512-byte aligned and as large as the largest
-  // batch's range of that dtype.
-  std::map<std::string, c10::ScalarType> dtypes_by_name;
-  for (const auto& batch : ranges) {
-    for (const auto& [dtype, range] : batch) dtypes_by_name[c10::toString(dtype)] = dtype;
-  }
-  std::map<c10::ScalarType, int64_t> arena_offset;  // bytes
-  int64_t arena_bytes = 0;
-  for (const auto& [name, dtype] : dtypes_by_name) {
-    int64_t largest = 0;
-    for (const auto& batch : ranges) {
-      if (const auto it = batch.find(dtype); it != batch.end()) {
-        largest = std::max(largest, (it->second.end - it->second.start) * int64_t(c10::elementSize(dtype)));
-      }
-    }
-    arena_offset[dtype] = align_up(arena_bytes, detail::kAlignmentBytes);
-    arena_bytes = arena_offset[dtype] + largest;
-  }
-  const int arena_count = batches > 1 ? 2 : 1;
-  std::vector<at::Tensor> arenas;
-  for (int a = 0; a < arena_count && arena_bytes > 0; ++a) {
-    arenas.push_back(at::empty({arena_bytes}, at::TensorOptions().dtype(at::kByte).device(device_)));
-  }
-  auto arena_view = [&](int64_t b, c10::ScalarType dtype) {
-    const Range& range = ranges[b].at(dtype);
-    const int64_t bytes = (range.end - range.start) * int64_t(c10::elementSize(dtype));
-    return arenas[b % 2].narrow(0, arena_offset.at(dtype), bytes).view(dtype);
-  };
-  auto host_range = [&](int64_t b, c10::ScalarType dtype) {
-    const Range& range = ranges[b].at(dtype);
-    return layout_->buffers.at(dtype).narrow(0, range.start, range.end - range.start);
-  };
-  auto state_view = [&](int64_t b, const UnitSlot& slot) {
-    const c10::ScalarType dtype = slot.holder->scalar_type();
-    return arena_view(b, dtype)
-        .narrow(0, slot.host_offset - ranges[b].at(dtype).start, slot.holder->numel())
-        .view(slot.holder->sizes());
-  };
-
-  std::vector<CopyEvent> uploaded(batches);
-  // Per batch and dtype: the download out of the arena, once enqueued.
-  std::vector<std::map<c10::ScalarType, CopyEvent>> downloaded(batches);
-  // Per arena and dtype: the last download out of that range, which an upload into it waits for.
-  std::vector<std::map<c10::ScalarType, CopyEvent>> arena_free(arena_count);
-  size_t processed = 0;  // the units before this one are updated
-  try {
-    engine_->wait(CopyLane::kHostToDevice, host_ready_);  // the host buffers hold the previous step's downloads
-    engine_->wait(CopyLane::kHostToDevice, engine_->record_compute());  // the arenas were allocated on the compute side
-    auto upload = [&](int64_t b) {
-      for (const auto& [dtype, range] : ranges[b]) {
-        engine_->wait(CopyLane::kHostToDevice, arena_free[b % 2][dtype]);
-        engine_->copy(CopyLane::kHostToDevice, arena_view(b, dtype), host_range(b, dtype));
-      }
-      uploaded[b] = engine_->record(CopyLane::kHostToDevice);
-    };
-
-    upload(0);
-    if (batches > 1) upload(1);
-    for (int64_t b = 0; b < batches; ++b) {
-      engine_->wait_compute(uploaded[b]);
-      for (size_t u = first_unit[b]; u < first_unit[b + 1]; ++u) {
-        update_unit(units[u], [&](const UnitSlot& slot) { return state_view(b, slot); });
-        processed = u + 1;
-      }
-      engine_->wait(CopyLane::kDeviceToHost, engine_->record_compute());
-      for (const auto& [dtype, range] : ranges[b]) {
-        engine_->copy(CopyLane::kDeviceToHost, host_range(b, dtype), arena_view(b, dtype));
-        downloaded[b][dtype] = arena_free[b % 2][dtype] = engine_->record(CopyLane::kDeviceToHost);
-      }
-      if (b + 2 < batches) upload(b + 2);
-    }
-    host_ready_ = engine_->record(CopyLane::kDeviceToHost);
-    // The arenas are released when this returns, so the compute side waits for the last
-    // download out of them. On a device with streams this is a stream wait; on the CPU it
-    // blocks, and step() returns with every state on the host.
-    engine_->wait_compute(host_ready_);
-  } catch (...) {
-    recover_from_failure(
-        std::current_exception(), units, first_unit, processed,
-        [&](int64_t b) {
-          for (const auto& [dtype, range] : ranges[b]) {
-            const auto it = downloaded[b].find(dtype);
-            if (it == downloaded[b].end()) return false;
-            try {
-              engine_->synchronize(it->second);
-            } catch (...) {
-              return false;
-            }
-          }
-          return true;
-        },
-        [&](int64_t b) {
-          for (const auto& [dtype, range] : ranges[b]) {
-            engine_->copy(CopyLane::kDeviceToHost, host_range(b, dtype), arena_view(b, dtype));
-          }
-          engine_->synchronize(engine_->record(CopyLane::kDeviceToHost));
-        },
-        [&](int64_t b) {
-          for (size_t u = first_unit[b]; u < first_unit[b + 1]; ++u) {
-            for (const UnitSlot& slot : units[u].slots) {
-              if (slot.swapped) *slot.holder = state_view(b, slot).clone();
-            }
-          }
-        });
-  }
-}
-
-// Per-tensor pipeline: each swapped state gets its own device tensor for the batch, with
-// one copy per state per direction. Batch b is released (after its download) before batch
-// b + 2 is allocated, so at most two batches are on the device; the upload of b + 2 runs
-// alongside the download of b + 1.
-void SwapOptimizer::run_per_tensor(std::vector<Unit>& units, const std::vector<int64_t>& batch_sizes) {
-  const int64_t batches = static_cast<int64_t>(batch_sizes.size());
-  if (batches == 0) return;
-  std::vector<size_t> first_unit(batches + 1, 0);
-  for (int64_t b = 0; b < batches; ++b) first_unit[b + 1] = first_unit[b] + batch_sizes[b];
-
-  // staged[b][u - first_unit[b]][slot]: the device tensor of a swapped state.
-  std::vector<std::vector<std::vector<at::Tensor>>> staged(batches);
-  std::vector<CopyEvent> uploaded(batches);
-  std::vector<c10::optional<CopyEvent>> downloaded(batches);  // once enqueued
-  auto download = [&](int64_t b) {
-    for (size_t u = first_unit[b]; u < first_unit[b + 1]; ++u) {
-      for (const UnitSlot& slot : units[u].slots) {
-        if (slot.swapped) {
-          engine_->copy(CopyLane::kDeviceToHost, *slot.holder, staged[b][u - first_unit[b]][slot.slot]);
-        }
-      }
-    }
-    return engine_->record(CopyLane::kDeviceToHost);
-  };
-  size_t processed = 0;  // the units before this one are updated
-  try {
-    engine_->wait(CopyLane::kHostToDevice, host_ready_);  // the host buffers hold the previous step's downloads
-    auto upload = [&](int64_t b) {
-      staged[b].resize(batch_sizes[b]);
-      for (size_t u = first_unit[b]; u < first_unit[b + 1]; ++u) {
-        auto& tensors = staged[b][u - first_unit[b]];
-        tensors.resize(detail::kSlotCount);
-        for (const UnitSlot& slot : units[u].slots) {
-          if (slot.swapped) tensors[slot.slot] = at::empty_like(*slot.holder, slot.holder->options().device(device_));
-        }
-      }
-      engine_->wait(CopyLane::kHostToDevice, engine_->record_compute());  // allocated on the compute side
-      for (size_t u = first_unit[b]; u < first_unit[b + 1]; ++u) {
-        for (const UnitSlot& slot : units[u].slots) {
-          if (slot.swapped) {
-            engine_->copy(CopyLane::kHostToDevice, staged[b][u - first_unit[b]][slot.slot], *slot.holder);
-          }
-        }
-      }
-      uploaded[b] = engine_->record(CopyLane::kHostToDevice);
-    };
-
-    upload(0);
-    if (batches > 1) upload(1);
-    for (int64_t b = 0; b < batches; ++b) {
-      engine_->wait_compute(uploaded[b]);
-      for (size_t u = first_unit[b]; u < first_unit[b + 1]; ++u) {
-        update_unit(units[u], [&](const UnitSlot& slot) { return staged[b][u - first_unit[b]][slot.slot]; });
-        processed = u + 1;
-      }
-      engine_->wait(CopyLane::kDeviceToHost, engine_->record_compute());
-      downloaded[b] = download(b);
-      if (b >= 1) {
-        engine_->wait_compute(*downloaded[b - 1]);  // a stream wait, or on the CPU a block
-        staged[b - 1].clear();
-        if (b + 1 < batches) upload(b + 1);
-      }
-    }
-    host_ready_ = *downloaded[batches - 1];
-    engine_->wait_compute(host_ready_);  // as in run_packed: the staged tensors are released on return
-  } catch (...) {
-    // A batch whose staged tensors are gone was downloaded (its download was waited for).
-    recover_from_failure(
-        std::current_exception(), units, first_unit, processed,
-        [&](int64_t b) {
-          if (staged[b].empty()) return true;
-          if (!downloaded[b]) return false;
-          try {
-            engine_->synchronize(*downloaded[b]);
-          } catch (...) {
-            return false;
-          }
-          return true;
-        },
-        [&](int64_t b) { engine_->synchronize(download(b)); },
-        [&](int64_t b) {
-          for (size_t u = first_unit[b]; u < first_unit[b + 1]; ++u) {
-            for (const UnitSlot& slot : units[u].slots) {
-              if (slot.swapped) *slot.holder = staged[b][u - first_unit[b]][slot.slot];
-            }
-          }
-        });
-  }
 }
 
 namespace detail {

@@ -6,11 +6,7 @@
 #include <stowage/optim/swap_optimizer.h>
 #include <stowage/state/optimizer_layout.h>
 
-#include "optim/adam_update.h"
 #include "optim/swap_internal.h"
-
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -18,21 +14,8 @@
 namespace stowage::optim {
 
 using detail::describe;
-using detail::Family;
 using detail::SlotRequest;
 using detail::Source;
-
-namespace {
-
-void apply_options(Family family, const AdamOptionValues& v, torch::optim::OptimizerOptions& options) {
-  if (family == Family::kAdam) {
-    apply_adam_options(v, static_cast<torch::optim::AdamOptions&>(options));
-  } else {
-    apply_adam_options(v, static_cast<torch::optim::AdamWOptions&>(options));
-  }
-}
-
-}  // namespace
 
 StateDict SwapOptimizer::state_dict() {
   // The caller reads the host buffers on the CPU: the downloads into them must be done.
@@ -41,12 +24,12 @@ StateDict SwapOptimizer::state_dict() {
   return write_optimizer_layout(
       *optimizer_,
       [&](const torch::optim::OptimizerOptions& options, c10::impl::GenericDict& group) {
-        write_adam_options(detail::adam_hyper_params(options, family_ != Family::kAdam), group);
+        adapter_->write_options(options, group);
       },
       [&](const at::Tensor& param, c10::impl::GenericDict& entry) {
         torch::optim::OptimizerParamState* state = detail::find_state(states, param);
         if (state == nullptr) return false;
-        const detail::ParamStateRef ref = detail::state_ref(family_, *state);
+        const detail::ParamStateRef ref = detail::state_ref(*adapter_, *state);
         entry.insert("step", *ref.step);
         for (int slot = 0; slot < detail::kSlotCount; ++slot) {
           if (ref.tensors[slot] != nullptr && ref.tensors[slot]->defined()) {
@@ -59,12 +42,14 @@ StateDict SwapOptimizer::state_dict() {
 
 namespace {
 
-// Every check of SwapOptimizer::load_state_dict on a layout read for a `family`
-// optimizer: returns each group's options.
-std::vector<AdamOptionValues> check_swap_state(Family family, const OptimizerLayout& layout) {
-  std::vector<AdamOptionValues> options;
+// Every check of SwapOptimizer::load_state_dict on a layout read for an optimizer that
+// `adapter` serves: returns what applies each group's options.
+std::vector<ApplyOptions> check_swap_state(const OptimizerAdapter& adapter, const OptimizerLayout& layout) {
+  std::vector<ApplyOptions> apply_options;
+  std::vector<bool> amsgrad;
   for (const OptimizerLayout::Group& group : layout.groups) {
-    options.push_back(read_adam_options(group.options, group.where));
+    apply_options.push_back(adapter.read_options(group.options, group.where));
+    amsgrad.push_back(require_bool(group.options, "amsgrad", group.where));
   }
   for (const OptimizerLayout::Entry& item : layout.entries) {
     const at::Tensor& param = layout.params[item.param];
@@ -74,9 +59,8 @@ std::vector<AdamOptionValues> check_swap_state(Family family, const OptimizerLay
       const std::string& key = field.key().toStringRef();
       if (key == "step") continue;
       const int slot = detail::slot_of(key);
-      if (slot < 0 || !detail::family_has_slot(family, slot)) {
-        throw InvalidArgument(
-            fmt::format("{}: unexpected entry '{}' for {}", item.where, key, detail::family_name(family)));
+      if (slot < 0 || !detail::has_slot(adapter, slot)) {
+        throw InvalidArgument(fmt::format("{}: unexpected entry '{}' for {}", item.where, key, adapter.name()));
       }
       const c10::IValue& value = field.value();
       if (!value.isTensor() || !value.toTensor().defined() || value.toTensor().sizes() != param.sizes() ||
@@ -89,14 +73,13 @@ std::vector<AdamOptionValues> check_swap_state(Family family, const OptimizerLay
       }
       present[slot] = true;
     }
-    const bool amsgrad = options[layout.group_of[item.param]].amsgrad;
     for (int slot : {detail::kExpAvgSlot, detail::kExpAvgSqSlot, detail::kMaxExpAvgSqSlot}) {
-      if (!present[slot] && (slot != detail::kMaxExpAvgSqSlot || amsgrad)) {
+      if (!present[slot] && (slot != detail::kMaxExpAvgSqSlot || amsgrad[layout.group_of[item.param]])) {
         throw InvalidArgument(fmt::format("{}: missing entry '{}'", item.where, detail::slot_name(slot)));
       }
     }
   }
-  return options;
+  return apply_options;
 }
 
 const char* const kLoadWhere = "SwapOptimizer load_state_dict";
@@ -104,14 +87,14 @@ const char* const kLoadWhere = "SwapOptimizer load_state_dict";
 }  // namespace
 
 void SwapOptimizer::check_load_state_dict(const StateDict& state) {
-  check_swap_state(family_, read_optimizer_layout(state, *optimizer_, kLoadWhere));
+  check_swap_state(*adapter_, read_optimizer_layout(state, *optimizer_, kLoadWhere));
 }
 
 void SwapOptimizer::load_state_dict(const StateDict& state) {
   const OptimizerLayout layout = read_optimizer_layout(state, *optimizer_, kLoadWhere);
   const std::vector<at::Tensor>& params = layout.params;
   // Check everything, then build the new states; change nothing until all is built.
-  const std::vector<AdamOptionValues> options = check_swap_state(family_, layout);
+  const std::vector<ApplyOptions> apply_options = check_swap_state(*adapter_, layout);
   std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> new_states(params.size());
   // Sources of the swapped states, by parameter and then slot, the layout's order.
   std::vector<std::vector<SlotRequest>> requests_by_param(params.size());
@@ -123,16 +106,17 @@ void SwapOptimizer::load_state_dict(const StateDict& state) {
       const std::string& key = field.key().toStringRef();
       if (key != "step") loaded[detail::slot_of(key)] = field.value().toTensor();
     }
-    const bool master_from_param = family_ == Family::kMasterAdamW && !loaded[detail::kMasterParamSlot].defined();
+    const bool master_from_param =
+        detail::has_slot(*adapter_, detail::kMasterParamSlot) && !loaded[detail::kMasterParamSlot].defined();
     if (master_from_param) {
       // A checkpoint of an optimizer without masters: the parameter is the master.
       loaded[detail::kMasterParamSlot] = param.detach();
     }
 
-    auto fresh = detail::new_param_state(family_);
-    detail::ParamStateRef ref = detail::state_ref(family_, *fresh);
+    auto fresh = adapter_->new_state();
+    detail::ParamStateRef ref = detail::state_ref(*adapter_, *fresh);
     *ref.step = item.fields.at("step").toInt();
-    const c10::ScalarType dtype = family_ == Family::kMasterAdamW ? at::kFloat : param.scalar_type();
+    const c10::ScalarType dtype = adapter_->state_dtype(param);
     for (int slot = 0; slot < detail::kSlotCount; ++slot) {
       if (!loaded[slot].defined()) continue;
       const bool swapped = swapped_slot_[slot] && param.numel() >= config_.min_numel() && at::isFloatingType(dtype);
@@ -171,7 +155,7 @@ void SwapOptimizer::load_state_dict(const StateDict& state) {
   }
   auto& param_groups = optimizer_->param_groups();
   for (size_t g = 0; g < param_groups.size(); ++g) {
-    apply_options(family_, options[g], param_groups[g].options());
+    apply_options[g](param_groups[g].options());
   }
 }
 

@@ -1,18 +1,18 @@
 #include <stowage/error.h>
 #include <stowage/state/destination.h>
+#include <stowage/state/optimizer_adapter.h>
 #include <stowage/state/optimizer_layout.h>
 #include <stowage/state/stateful.h>
 
+#include "state/optimizer_state_key.h"
+
 #include <torch/nn/module.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
+#include <torch/optim/optimizer.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <sstream>
-#include <type_traits>
+#include <algorithm>
 
 namespace stowage {
 namespace {
@@ -21,133 +21,6 @@ namespace {
 
 std::string tensor_desc(const at::Tensor& t) {
   return fmt::format("{} [{}]", c10::toString(t.scalar_type()), fmt::join(t.sizes(), ", "));
-}
-
-// ------------------------------------------------------ optimizer state layouts
-//
-// LibTorch keys optimizer state by the parameter's TensorImpl: a pointer string in
-// 1.13, the pointer itself in 2.x. The key type is read off the map, so both build.
-template <typename Key>
-Key make_state_key(c10::TensorImpl* impl) {
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream out;  // the format c10::guts::to_string used
-    out << impl;
-    return out.str();
-  } else {
-    return static_cast<Key>(impl);
-  }
-}
-
-template <typename StateMap>
-auto state_key(const StateMap&, const at::Tensor& param) {
-  return make_state_key<typename StateMap::key_type>(param.unsafeGetTensorImpl());
-}
-
-// A parameter's state, as named tensors plus an optional step count.
-struct ParamStateView {
-  c10::optional<int64_t> step;
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-};
-
-// Everything that differs between optimizer types.
-struct OptimizerKind {
-  const char* name;
-  std::vector<const char*> tensor_keys;
-  bool has_step;
-  std::function<void(const torch::optim::OptimizerOptions&, c10::impl::GenericDict&)> write_options;
-  // Validates (throws) and returns a function that applies the options.
-  std::function<std::function<void(torch::optim::OptimizerOptions&)>(const c10::impl::GenericDict&, const std::string&)>
-      read_options;
-  std::function<ParamStateView(const torch::optim::OptimizerParamState&)> read_state;
-  std::function<std::unique_ptr<torch::optim::OptimizerParamState>(const ParamStateView&)> make_state;
-};
-
-template <typename Options>
-OptimizerKind adam_like(const char* name) {
-  using torch::optim::AdamParamState;  // AdamW's state has the same fields
-  using State = std::conditional_t<std::is_same_v<Options, torch::optim::AdamOptions>, torch::optim::AdamParamState,
-                                   torch::optim::AdamWParamState>;
-  OptimizerKind kind;
-  kind.name = name;
-  kind.tensor_keys = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
-  kind.has_step = true;
-  kind.write_options = [](const torch::optim::OptimizerOptions& base, c10::impl::GenericDict& out) {
-    write_adam_options(adam_option_values(static_cast<const Options&>(base)), out);
-  };
-  kind.read_options = [](const c10::impl::GenericDict& in, const std::string& where) {
-    const AdamOptionValues v = read_adam_options(in, where);
-    return std::function<void(torch::optim::OptimizerOptions&)>(
-        [=](torch::optim::OptimizerOptions& base) { apply_adam_options(v, static_cast<Options&>(base)); });
-  };
-  kind.read_state = [](const torch::optim::OptimizerParamState& base) {
-    const auto& s = static_cast<const State&>(base);
-    return ParamStateView{
-        s.step(), {{"exp_avg", s.exp_avg()}, {"exp_avg_sq", s.exp_avg_sq()}, {"max_exp_avg_sq", s.max_exp_avg_sq()}}};
-  };
-  kind.make_state = [](const ParamStateView& view) {
-    auto s = std::make_unique<State>();
-    s->step(*view.step);
-    for (const auto& [key, tensor] : view.tensors) {
-      if (key == "exp_avg") s->exp_avg(tensor);
-      if (key == "exp_avg_sq") s->exp_avg_sq(tensor);
-      if (key == "max_exp_avg_sq") s->max_exp_avg_sq(tensor);
-    }
-    return std::unique_ptr<torch::optim::OptimizerParamState>(std::move(s));
-  };
-  return kind;
-}
-
-OptimizerKind sgd() {
-  OptimizerKind kind;
-  kind.name = "SGD";
-  kind.tensor_keys = {"momentum_buffer"};
-  kind.has_step = false;
-  kind.write_options = [](const torch::optim::OptimizerOptions& base, c10::impl::GenericDict& out) {
-    const auto& o = static_cast<const torch::optim::SGDOptions&>(base);
-    out.insert("lr", o.lr());
-    out.insert("momentum", o.momentum());
-    out.insert("dampening", o.dampening());
-    out.insert("weight_decay", o.weight_decay());
-    out.insert("nesterov", o.nesterov());
-  };
-  kind.read_options = [](const c10::impl::GenericDict& in, const std::string& where) {
-    const double lr = require_number(in, "lr", where);
-    const double momentum = require_number(in, "momentum", where);
-    const double dampening = require_number(in, "dampening", where);
-    const double weight_decay = require_number(in, "weight_decay", where);
-    const bool nesterov = require_bool(in, "nesterov", where);
-    return std::function<void(torch::optim::OptimizerOptions&)>([=](torch::optim::OptimizerOptions& base) {
-      static_cast<torch::optim::SGDOptions&>(base)
-          .lr(lr)
-          .momentum(momentum)
-          .dampening(dampening)
-          .weight_decay(weight_decay)
-          .nesterov(nesterov);
-    });
-  };
-  kind.read_state = [](const torch::optim::OptimizerParamState& base) {
-    const auto& s = static_cast<const torch::optim::SGDParamState&>(base);
-    return ParamStateView{c10::nullopt, {{"momentum_buffer", s.momentum_buffer()}}};
-  };
-  kind.make_state = [](const ParamStateView& view) {
-    auto s = std::make_unique<torch::optim::SGDParamState>();
-    for (const auto& [key, tensor] : view.tensors) {
-      if (key == "momentum_buffer") s->momentum_buffer(tensor);
-    }
-    return std::unique_ptr<torch::optim::OptimizerParamState>(std::move(s));
-  };
-  return kind;
-}
-
-const OptimizerKind& kind_of(const torch::optim::Optimizer& optimizer) {
-  static const OptimizerKind adam = adam_like<torch::optim::AdamOptions>("Adam");
-  static const OptimizerKind adamw = adam_like<torch::optim::AdamWOptions>("AdamW");
-  static const OptimizerKind sgd_kind = sgd();
-  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return adamw;
-  if (dynamic_cast<const torch::optim::Adam*>(&optimizer)) return adam;
-  if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) return sgd_kind;
-  throw InvalidArgument(fmt::format("OptimizerState supports torch::optim::Adam, AdamW and SGD; got {}",
-                                    c10::demangle(typeid(optimizer).name())));
 }
 
 }  // namespace
@@ -244,65 +117,76 @@ void ModuleState::load_state_dict(const StateDict& state) {
 
 // ------------------------------------------------------------- OptimizerState
 
+namespace {
+
+const char* const kOptimizerState = "OptimizerState";
+
+}  // namespace
+
 OptimizerState::OptimizerState(std::shared_ptr<torch::optim::Optimizer> optimizer) : optimizer_(std::move(optimizer)) {
   if (!optimizer_) {
     throw InvalidArgument("OptimizerState: null optimizer");
   }
-  kind_of(*optimizer_);  // reject unsupported types at construction
+  adapter_ = &optimizer_adapter(*optimizer_, kOptimizerState);  // rejects an unsupported type now
 }
 
 StateDict OptimizerState::state_dict() {
-  const OptimizerKind& kind = kind_of(*optimizer_);
   auto& states = optimizer_->state();
-  return write_optimizer_layout(*optimizer_, kind.write_options,
-                                [&](const at::Tensor& param, c10::impl::GenericDict& entry) {
-                                  const auto it = states.find(state_key(states, param));
-                                  if (it == states.end()) return false;
-                                  const ParamStateView view = kind.read_state(*it->second);
-                                  if (view.step) entry.insert("step", *view.step);
-                                  for (const auto& [key, tensor] : view.tensors) {
-                                    if (tensor.defined()) entry.insert(key, tensor);
-                                  }
-                                  return true;
-                                });
+  return write_optimizer_layout(
+      *optimizer_,
+      [&](const torch::optim::OptimizerOptions& options, c10::impl::GenericDict& group) {
+        adapter_->write_options(options, group);
+      },
+      [&](const at::Tensor& param, c10::impl::GenericDict& entry) {
+        torch::optim::OptimizerParamState* state = detail::find_state(states, param);
+        if (state == nullptr) return false;
+        const ParamStateFields fields = adapter_->fields(*state);
+        if (fields.step != nullptr) entry.insert("step", *fields.step);
+        const std::vector<std::string>& keys = adapter_->tensor_keys();
+        for (size_t i = 0; i < keys.size(); ++i) {
+          if (fields.tensors[i]->defined()) entry.insert(keys[i], *fields.tensors[i]);
+        }
+        return true;
+      });
 }
 
 namespace {
 
-// An optimizer state dict checked against `optimizer`: its layout, and the functions
-// that apply each group's options.
+// An optimizer state dict checked against `optimizer`: its layout, and what applies each
+// group's options.
 struct CheckedOptimizerState {
   OptimizerLayout layout;
-  std::vector<std::function<void(torch::optim::OptimizerOptions&)>> apply_options;
+  std::vector<ApplyOptions> apply_options;
 };
 
-CheckedOptimizerState check_optimizer_state(const OptimizerKind& kind, const StateDict& state,
+void check_state_entry(const OptimizerAdapter& adapter, const OptimizerLayout::Entry& entry, const at::Tensor& param) {
+  if (adapter.has_step()) require_int(entry.fields, "step", entry.where);
+  const std::vector<std::string>& keys = adapter.tensor_keys();
+  for (const auto& field : entry.fields) {
+    const std::string& key = field.key().toStringRef();
+    if (adapter.has_step() && key == "step") continue;
+    if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
+      throw InvalidArgument(fmt::format("{}: unexpected entry '{}' for {}", entry.where, key, adapter.name()));
+    }
+    const c10::IValue& value = field.value();
+    if (!value.isTensor() || !value.toTensor().defined() || value.toTensor().sizes() != param.sizes()) {
+      throw InvalidArgument(fmt::format("{}.{}: expected a tensor of shape [{}], got {}", entry.where, key,
+                                        fmt::join(param.sizes(), ", "),
+                                        value.isTensor() && value.toTensor().defined() ? tensor_desc(value.toTensor())
+                                                                                       : std::string(value.tagKind())));
+    }
+  }
+}
+
+CheckedOptimizerState check_optimizer_state(const OptimizerAdapter& adapter, const StateDict& state,
                                             torch::optim::Optimizer& optimizer) {
-  CheckedOptimizerState checked{read_optimizer_layout(state, optimizer, fmt::format("{} load_state_dict", kind.name)),
-                                {}};
+  CheckedOptimizerState checked{
+      read_optimizer_layout(state, optimizer, fmt::format("{} load_state_dict", adapter.name())), {}};
   for (const OptimizerLayout::Group& group : checked.layout.groups) {
-    checked.apply_options.push_back(kind.read_options(group.options, group.where));
+    checked.apply_options.push_back(adapter.read_options(group.options, group.where));
   }
   for (const OptimizerLayout::Entry& entry : checked.layout.entries) {
-    const at::Tensor& param = checked.layout.params[entry.param];
-    if (kind.has_step) require_int(entry.fields, "step", entry.where);
-    for (const auto& field : entry.fields) {
-      const std::string& key = field.key().toStringRef();
-      const bool known =
-          (kind.has_step && key == "step") ||
-          std::any_of(kind.tensor_keys.begin(), kind.tensor_keys.end(), [&](const char* k) { return key == k; });
-      if (!known) {
-        throw InvalidArgument(fmt::format("{}: unexpected entry '{}' for {}", entry.where, key, kind.name));
-      }
-      if (key == "step") continue;
-      const c10::IValue& value = field.value();
-      if (!value.isTensor() || !value.toTensor().defined() || value.toTensor().sizes() != param.sizes()) {
-        throw InvalidArgument(fmt::format(
-            "{}.{}: expected a tensor of shape [{}], got {}", entry.where, key, fmt::join(param.sizes(), ", "),
-            value.isTensor() && value.toTensor().defined() ? tensor_desc(value.toTensor())
-                                                           : std::string(value.tagKind())));
-      }
-    }
+    check_state_entry(adapter, entry, checked.layout.params[entry.param]);
   }
   return checked;
 }
@@ -310,35 +194,36 @@ CheckedOptimizerState check_optimizer_state(const OptimizerKind& kind, const Sta
 }  // namespace
 
 void OptimizerState::check_load_state_dict(const StateDict& state) {
-  check_optimizer_state(kind_of(*optimizer_), state, *optimizer_);
+  check_optimizer_state(*adapter_, state, *optimizer_);
 }
 
 void OptimizerState::load_state_dict(const StateDict& state) {
-  const OptimizerKind& kind = kind_of(*optimizer_);
-  const CheckedOptimizerState checked = check_optimizer_state(kind, state, *optimizer_);
+  const CheckedOptimizerState checked = check_optimizer_state(*adapter_, state, *optimizer_);
   const OptimizerLayout& layout = checked.layout;
 
-  // Prepare the new states (copies onto each parameter's device and dtype), then apply
-  // them all.
+  // Prepare the new states (copies onto each parameter's device, in the optimizer's state
+  // dtype), then apply them all.
   std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> new_states(layout.params.size());
+  const std::vector<std::string>& keys = adapter_->tensor_keys();
   for (const OptimizerLayout::Entry& entry : layout.entries) {
     const at::Tensor& param = layout.params[entry.param];
-    ParamStateView view;
-    if (kind.has_step) view.step = entry.fields.at("step").toInt();
-    for (const char* key : kind.tensor_keys) {
-      const auto it = entry.fields.find(key);
+    std::unique_ptr<torch::optim::OptimizerParamState> fresh = adapter_->new_state();
+    const ParamStateFields fields = adapter_->fields(*fresh);
+    if (fields.step != nullptr) *fields.step = entry.fields.at("step").toInt();
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const auto it = entry.fields.find(keys[i]);
       if (it == entry.fields.end()) continue;
-      view.tensors.emplace_back(key, it->value().toTensor().to(param.device(), param.scalar_type(),
-                                                               /*non_blocking=*/false, /*copy=*/true));
+      *fields.tensors[i] = it->value().toTensor().to(param.device(), adapter_->state_dtype(param),
+                                                     /*non_blocking=*/false, /*copy=*/true);
     }
-    new_states[entry.param] = kind.make_state(view);
+    new_states[entry.param] = std::move(fresh);
   }
 
   auto& states = optimizer_->state();
   states.clear();
   for (size_t i = 0; i < layout.params.size(); ++i) {
     if (new_states[i]) {
-      states[state_key(states, layout.params[i])] = std::move(new_states[i]);
+      states[detail::state_key(states, layout.params[i])] = std::move(new_states[i]);
     }
   }
   auto& param_groups = optimizer_->param_groups();

@@ -12,6 +12,10 @@
 
 #include <vector>
 
+namespace stowage {
+class OptimizerAdapter;
+}  // namespace stowage
+
 namespace stowage::optim {
 
 struct MasterAdamWParamState : public torch::optim::OptimizerCloneableParamState<MasterAdamWParamState> {
@@ -31,5 +35,11 @@ class MasterAdamW : public torch::optim::Optimizer {
 
   at::Tensor step(LossClosure closure = nullptr) override;
 };
+
+// How stowage::OptimizerState and SwapOptimizer read and write a MasterAdamW's state: its
+// AdamW options, and per parameter the step, the fp32 moments and the fp32 master
+// ("master_param"). Registered with stowage::register_optimizer_adapter when the program
+// starts.
+const OptimizerAdapter& master_adamw_adapter();
 
 }  // namespace stowage::optim

@@ -52,10 +52,13 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
-#include <exception>
 #include <functional>
 #include <memory>
 #include <vector>
+
+namespace stowage {
+class OptimizerAdapter;
+}  // namespace stowage
 
 namespace stowage::optim {
 
@@ -110,26 +113,29 @@ class SwapOptimizer final : public Stateful {
   // no group has amsgrad on. Run by the constructor and, as the groups may have changed
   // since (add_param_group, edited params or options), by every step().
   void check_param_groups() const;
+  // Throws InvalidArgument for a gradient the update cannot take (sparse, or unlike its
+  // parameter) and for a group with amsgrad on whose parameters' states lack
+  // max_exp_avg_sq.
+  void check_gradients() const;
+  // The states of the parameters that have a gradient but no state yet, as the wrapped
+  // optimizer would create them; those to be swapped start in the host layout (zeros, or
+  // the parameter for a master weight) and never take device memory between steps. If
+  // the layout cannot be built, the new states are removed again.
+  void create_first_step_states();
   // The parameters that have state, in group order, with their slots bound to the layout.
   std::vector<detail::Unit> collect_units();
   void ensure_host_layout(std::vector<detail::SlotRequest> requests);
   std::vector<detail::SlotRequest> requests_for(std::vector<detail::Unit>& units,
                                                 const std::vector<std::pair<const void*, int>>& pending);
-  void run_packed(std::vector<detail::Unit>& units, const std::vector<int64_t>& batch_sizes);
-  void run_per_tensor(std::vector<detail::Unit>& units, const std::vector<int64_t>& batch_sizes);
   // Adam's update of one parameter that has a gradient; its swapped states are
   // `swapped_state(slot)` (device copies), the others its own.
   void update_unit(detail::Unit& unit, const std::function<at::Tensor(const detail::UnitSlot&)>& swapped_state);
-  [[noreturn]] void recover_from_failure(std::exception_ptr cause, const std::vector<detail::Unit>& units,
-                                         const std::vector<size_t>& first_unit, size_t processed,
-                                         const std::function<bool(int64_t)>& downloaded,
-                                         const std::function<void(int64_t)>& redownload,
-                                         const std::function<void(int64_t)>& keep_on_device);
   friend void detail::set_update_fault_injector(SwapOptimizer& optimizer,
                                                 std::function<void(int64_t param_index)> injector);
 
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   SwapOptimizerConfig config_;
+  const OptimizerAdapter* adapter_;  // the wrapped optimizer's, from the registry
   detail::Family family_;
   std::vector<bool> swapped_slot_;  // by detail::StateSlot
   c10::Device device_;

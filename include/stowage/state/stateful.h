@@ -27,6 +27,8 @@ class Optimizer;
 
 namespace stowage {
 
+class OptimizerAdapter;
+
 // Derives from CustomClassHolder so that an IValue capsule can carry it.
 class Stateful : public torch::CustomClassHolder {
  public:
@@ -77,9 +79,12 @@ class ModuleState final : public Stateful {
 // An optimizer's state in PyTorch's layout, with string keys:
 //   {"state": {"<i>": {"step": int, "exp_avg": T, ...}},
 //    "param_groups": [{"lr": ..., <every option>, "params": [i, ...]}]}
-// where i numbers the parameters across groups in order. Supports torch::optim::Adam,
-// AdamW and SGD; other types are rejected by name. Tensors alias the optimizer's state.
-// load_state_dict copies tensors onto each parameter's device and dtype.
+// where i numbers the parameters across groups in order. Supports every optimizer type
+// with a registered OptimizerAdapter (state/optimizer_adapter.h: torch::optim::Adam,
+// AdamW, SGD, stowage::optim::MasterAdamW, and the user's own); others are rejected by
+// name. Tensors alias the optimizer's state. load_state_dict copies tensors onto each
+// parameter's device, in the dtype the adapter keeps the state in (the parameter's, or
+// fp32 for MasterAdamW).
 class OptimizerState final : public Stateful {
  public:
   explicit OptimizerState(std::shared_ptr<torch::optim::Optimizer> optimizer);
@@ -91,6 +96,7 @@ class OptimizerState final : public Stateful {
 
  private:
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  const OptimizerAdapter* adapter_;  // the optimizer's, from the registry
 };
 
 c10::IValue as_ivalue(std::shared_ptr<torch::nn::Module> module);
