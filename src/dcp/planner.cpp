@@ -63,16 +63,18 @@ SavePlan create_local_save_plan(const FlatStateDict& state, int64_t rank,
   return plan;
 }
 
-GlobalSavePlan create_global_save_plan(std::vector<SavePlan> local_plans) {
-  GlobalSavePlan global;
-  global.metadata.world_size = static_cast<int64_t>(local_plans.size());
+namespace {
 
-  // Entries in first-seen order (the lowest rank's order first), checked for agreement.
-  std::unordered_map<std::string, size_t> entry_of;
+using EntryIndex = std::unordered_map<std::string, size_t>;  // fqn: its index in Metadata::entries
+
+// The entries of every plan, in first-seen order (the lowest rank's order first), into
+// `metadata`; throws when two ranks disagree on one.
+EntryIndex merge_entries(const std::vector<SavePlan>& plans, Metadata& metadata) {
+  EntryIndex entry_of;
   std::unordered_map<std::string, int64_t> first_rank;
-  for (const SavePlan& plan : local_plans) {
+  for (const SavePlan& plan : plans) {
     for (const WriteItem& item : plan.items) {
-      const auto [it, inserted] = entry_of.emplace(item.fqn, global.metadata.entries.size());
+      const auto [it, inserted] = entry_of.emplace(item.fqn, metadata.entries.size());
       if (inserted) {
         EntryMetadata entry;
         entry.fqn = item.fqn;
@@ -81,11 +83,11 @@ GlobalSavePlan create_global_save_plan(std::vector<SavePlan> local_plans) {
         entry.dtype = item.dtype;
         entry.shape = item.global_shape;
         entry.value = item.value;
-        global.metadata.entries.push_back(std::move(entry));
+        metadata.entries.push_back(std::move(entry));
         first_rank[item.fqn] = plan.rank;
         continue;
       }
-      const EntryMetadata& entry = global.metadata.entries[it->second];
+      const EntryMetadata& entry = metadata.entries[it->second];
       const bool agree =
           entry.kind == item.kind && entry.path == item.path &&
           (item.kind == EntryKind::kValue || (entry.dtype == item.dtype && entry.shape == item.global_shape));
@@ -96,16 +98,19 @@ GlobalSavePlan create_global_save_plan(std::vector<SavePlan> local_plans) {
       }
     }
   }
+  return entry_of;
+}
 
-  // An empty box holds no bytes and may sit at any offset, even where another rank's
-  // box starts (an uneven split of a small tensor over many ranks): it is dropped,
-  // unless the whole tensor is empty, which is then written once, as one whole box.
-  for (SavePlan& plan : local_plans) {
+// An empty box holds no bytes and may sit at any offset, even where another rank's box
+// starts (an uneven split of a small tensor over many ranks): it is dropped, unless the
+// whole tensor is empty, which is then written once, as one whole box.
+void drop_empty_boxes(std::vector<SavePlan>& plans, const Metadata& metadata, const EntryIndex& entry_of) {
+  for (SavePlan& plan : plans) {
     std::vector<WriteItem> kept;
     for (WriteItem& item : plan.items) {
       const bool empty_box = item.kind == EntryKind::kTensor && detail::checked_volume(item.box.sizes, item.fqn) == 0;
       if (empty_box) {
-        const EntryMetadata& entry = global.metadata.entries[entry_of.at(item.fqn)];
+        const EntryMetadata& entry = metadata.entries[entry_of.at(item.fqn)];
         if (detail::checked_volume(entry.shape, item.fqn) != 0) continue;
         item.box = ChunkBox{std::vector<int64_t>(entry.shape.size(), 0), entry.shape};
       }
@@ -113,19 +118,23 @@ GlobalSavePlan create_global_save_plan(std::vector<SavePlan> local_plans) {
     }
     plan.items = std::move(kept);
   }
+}
 
-  // Each distinct tensor box is written once: collect the ranks offering each box, in
-  // the order the boxes first appear, then pick the offering rank with the fewest bytes
-  // planned so far.
-  struct Offer {
-    ChunkBox box;
-    int64_t nbytes = 0;
-    std::vector<int64_t> ranks;
-  };
-  using BoxKey = std::pair<std::string, std::vector<int64_t>>;  // (fqn, offsets)
+using BoxKey = std::pair<std::string, std::vector<int64_t>>;  // (fqn, offsets)
+
+// A distinct tensor box and the ranks that offer to write it.
+struct Offer {
+  ChunkBox box;
+  int64_t nbytes = 0;
+  std::vector<int64_t> ranks;
+};
+
+// The offers of every plan, in the order the boxes first appear; throws when two ranks
+// hold boxes of different sizes at one offset.
+std::vector<std::pair<BoxKey, Offer>> collect_offers(const std::vector<SavePlan>& plans) {
   std::map<BoxKey, size_t> offer_of;
   std::vector<std::pair<BoxKey, Offer>> offers;
-  for (const SavePlan& plan : local_plans) {
+  for (const SavePlan& plan : plans) {
     for (const WriteItem& item : plan.items) {
       if (item.kind != EntryKind::kTensor) continue;
       BoxKey key(item.fqn, item.box.offsets);
@@ -143,10 +152,17 @@ GlobalSavePlan create_global_save_plan(std::vector<SavePlan> local_plans) {
       offer.ranks.push_back(plan.rank);
     }
   }
-  std::vector<int64_t> planned_bytes(local_plans.size(), 0);
+  return offers;
+}
+
+// Each box's writer: the offering rank with the fewest bytes planned so far, boxes that
+// only one rank holds first (they are that rank's bytes whatever happens). Throws unless
+// every tensor entry's boxes tile it.
+std::map<BoxKey, int64_t> choose_writers(std::vector<std::pair<BoxKey, Offer>> offers, const Metadata& metadata,
+                                         const EntryIndex& entry_of, size_t ranks) {
+  std::vector<int64_t> planned_bytes(ranks, 0);
   std::map<BoxKey, int64_t> writer_of;
-  std::vector<std::vector<ChunkBox>> boxes(global.metadata.entries.size());
-  // Boxes only one rank holds first: they are that rank's bytes whatever happens.
+  std::vector<std::vector<ChunkBox>> boxes(metadata.entries.size());
   std::stable_partition(offers.begin(), offers.end(),
                         [](const std::pair<BoxKey, Offer>& offer) { return offer.second.ranks.size() == 1; });
   for (auto& [key, offer] : offers) {
@@ -161,12 +177,25 @@ GlobalSavePlan create_global_save_plan(std::vector<SavePlan> local_plans) {
     writer_of.emplace(key, chosen);
     boxes[entry_of.at(key.first)].push_back(offer.box);
   }
-  for (size_t i = 0; i < global.metadata.entries.size(); ++i) {
-    const EntryMetadata& entry = global.metadata.entries[i];
+  for (size_t i = 0; i < metadata.entries.size(); ++i) {
+    const EntryMetadata& entry = metadata.entries[i];
     if (entry.kind == EntryKind::kTensor) {
       detail::check_tiling(entry.shape, boxes[i], fmt::format("checkpoint entry '{}'", entry.fqn));
     }
   }
+  return writer_of;
+}
+
+}  // namespace
+
+GlobalSavePlan create_global_save_plan(std::vector<SavePlan> local_plans) {
+  GlobalSavePlan global;
+  global.metadata.world_size = static_cast<int64_t>(local_plans.size());
+  const EntryIndex entry_of = merge_entries(local_plans, global.metadata);
+  drop_empty_boxes(local_plans, global.metadata, entry_of);
+  // Each distinct tensor box is written once, by the rank chosen for it.
+  const std::map<BoxKey, int64_t> writer_of =
+      choose_writers(collect_offers(local_plans), global.metadata, entry_of, local_plans.size());
   for (SavePlan& plan : local_plans) {
     std::vector<WriteItem> kept;
     for (WriteItem& item : plan.items) {
