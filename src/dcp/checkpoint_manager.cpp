@@ -83,7 +83,8 @@ std::vector<ManagedCheckpoint> list_checkpoints(const std::string& directory, En
   for (const std::string& name : env.list_directory(directory)) {
     const std::optional<int64_t> step = step_of(name);
     const std::string path = (fs::path(directory) / name).string();
-    if (!step || env.file_type(path) != FileType::kDirectory) continue;
+    // "<path>/." names a symbolic link's target, so a step directory may be a link to one.
+    if (!step || env.file_type(path + "/.") != FileType::kDirectory) continue;
     const bool committed = env.file_type((fs::path(path) / kMetadataFileName).string()) != FileType::kAbsent;
     found.push_back(ManagedCheckpoint{*step, path, committed});
   }

@@ -205,6 +205,28 @@ TEST(DcpCheckpointManager, ADirectoryThatCannotBeListedIsAnIoError) {
   }
 }
 
+TEST(DcpCheckpointManager, AStepDirectoryMayBeASymbolicLinkToACheckpoint) {
+  const ScratchDir elsewhere;
+  {
+    CheckpointManager manager(elsewhere.path(), CheckpointManagerOptions().save_every(1).keep_last(0));
+    for (int64_t step = 1; step <= 2; ++step) manager.save(step, step_state(torch::full({4}, double(step))));
+    manager.wait();
+  }
+  const ScratchDir dir;
+  std::filesystem::create_directory_symlink(elsewhere.sub("step-00000002"), dir.sub("step-00000007"));
+  write_file(dir.sub("a-file"), "not a checkpoint");
+  std::filesystem::create_symlink(dir.sub("a-file"), dir.sub("step-00000008"));
+  const std::vector<ManagedCheckpoint> listed = list_checkpoints(dir.path());
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].step, 7);
+  EXPECT_TRUE(listed[0].committed);
+
+  CheckpointManager manager(dir.path());
+  StateDict state = step_state(torch::zeros({4}));
+  EXPECT_EQ(manager.restore(state), 7);
+  EXPECT_TRUE(torch::equal(state.at("w").toTensor(), torch::full({4}, 2.0)));
+}
+
 TEST(DcpCheckpointManager, TwoRanksSaveAndRestoreTogether) {
   const ScratchDir dir;
   stowage::testing::run_ranks(2, [&](const dist::ProcessGroup& group) {
