@@ -20,24 +20,9 @@ using detail::Source;
 StateDict SwapOptimizer::state_dict() {
   // The caller reads the host buffers on the CPU: the downloads into them must be done.
   engine_->synchronize(host_ready_);
-  auto& states = optimizer_->state();
-  return write_optimizer_layout(
-      *optimizer_,
-      [&](const torch::optim::OptimizerOptions& options, c10::impl::GenericDict& group) {
-        adapter_->write_options(options, group);
-      },
-      [&](const at::Tensor& param, c10::impl::GenericDict& entry) {
-        torch::optim::OptimizerParamState* state = detail::find_state(states, param);
-        if (state == nullptr) return false;
-        const detail::ParamStateRef ref = detail::state_ref(*adapter_, *state);
-        entry.insert("step", *ref.step);
-        for (int slot = 0; slot < detail::kSlotCount; ++slot) {
-          if (ref.tensors[slot] != nullptr && ref.tensors[slot]->defined()) {
-            entry.insert(detail::slot_name(slot), *ref.tensors[slot]);
-          }
-        }
-        return true;
-      });
+  // The wrapped optimizer's states hold the swapped states' host tensors, so its layout,
+  // as OptimizerState writes it, is the swap's.
+  return OptimizerState(optimizer_).state_dict();
 }
 
 namespace {
