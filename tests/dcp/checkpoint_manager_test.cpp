@@ -280,5 +280,23 @@ TEST(DcpVerify, AGoodCheckpointVerifiesEveryChunkAndACorruptOneNamesTheEntry) {
   EXPECT_EQ(uncommitted.chunks_verified, 0);
 }
 
+// The writer aligns an empty chunk's offset without writing a byte: the last entry's
+// may point past its file's end, and reads nothing there.
+TEST(DcpVerify, AnEmptyTensorAfterTheLastBytesVerifies) {
+  const ScratchDir dir;
+  StateDict state;
+  state.insert("a", torch::ones({3}));
+  state.insert("empty", torch::empty({0, 4}));
+  save(state, dir.path());
+  FileSystemReader reader(dir.path());
+  const Metadata metadata = reader.read_metadata();
+  const StorageLocation& empty = metadata.find("empty")->chunks.at(0).location;
+  ASSERT_GT(empty.offset, static_cast<int64_t>(std::filesystem::file_size(dir.sub(empty.file))));
+  const VerifyReport report = verify(reader);
+  EXPECT_TRUE(report.ok()) << report.error;
+  EXPECT_EQ(report.chunks_verified, 2);
+  EXPECT_EQ(report.bytes_verified, 12);
+}
+
 }  // namespace
 }  // namespace stowage::dcp
