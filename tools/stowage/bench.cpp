@@ -91,6 +91,7 @@ void add_bench_command(CLI::App& app) {
   add_bench_swap(*bench);
   add_bench_dcp(*bench);
   add_bench_grad_sync(*bench);
+  add_bench_interop(*bench);
   bench->callback([bench, json] {
     if (bench->get_subcommands().empty()) run_all(*json);
   });

@@ -1,9 +1,12 @@
-// `stowage ckpt ls | inspect | verify`: look into checkpoints without loading them.
+// `stowage ckpt ls | inspect | verify`: look into checkpoints without loading them;
+// `stowage ckpt export | import`: to and from Hugging Face safetensors.
+#include "cli_numbers.h"
 #include "commands.h"
 #include "train_progress.h"
 
 #include <stowage/dcp/checkpoint_manager.h>
 #include <stowage/dcp/dcp.h>
+#include <stowage/dcp/safetensors.h>
 #include <stowage/dcp/verify.h>
 #include <stowage/error.h>
 
@@ -13,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <sstream>
 
@@ -146,10 +150,81 @@ bool verify(const std::string& dir, bool as_json) {
   return report.ok();
 }
 
+struct TransferOptions {
+  std::string source;
+  std::string out;
+  std::string max_shard_size = "5GB";
+  std::string prefix;
+  bool overwrite = false;
+  bool json = false;
+};
+
+void print_transfer(const char* verb, const std::vector<std::string>& files, int64_t tensors, int64_t bytes,
+                    int64_t values, double seconds, bool as_json) {
+  if (as_json) {
+    fmt::print("{}\n", json{{"files", files},
+                            {"tensors", tensors},
+                            {"tensor_bytes", bytes},
+                            {"values", values},
+                            {"seconds", seconds},
+                            {"gbps", seconds > 0 ? double(bytes) / seconds / 1e9 : 0.0}}
+                           .dump(2));
+    return;
+  }
+  fmt::print("{} {} tensors ({}) and {} values in {:.2f} s ({:.2f} GB/s): {}\n", verb, tensors, format_bytes(bytes),
+             values, seconds, seconds > 0 ? double(bytes) / seconds / 1e9 : 0.0, fmt::join(files, ", "));
+}
+
+void export_checkpoint(const TransferOptions& options) {
+  dcp::FileSystemReader reader(options.source);
+  const auto start = std::chrono::steady_clock::now();
+  const dcp::SafetensorsExportResult result =
+      dcp::export_safetensors(reader, options.out,
+                              dcp::SafetensorsExportOptions()
+                                  .prefix(options.prefix)
+                                  .max_shard_bytes(*parse_byte_size(options.max_shard_size))
+                                  .overwrite(options.overwrite));
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+  print_transfer("exported", result.files, result.tensors, result.tensor_bytes, result.values, took.count(),
+                 options.json);
+}
+
+void import_checkpoint(const TransferOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  const dcp::SafetensorsImportResult result = dcp::import_safetensors(
+      options.source, options.out,
+      dcp::SafetensorsImportOptions().writer(dcp::FileSystemWriterOptions().overwrite(options.overwrite)));
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+  print_transfer("imported", result.files, result.tensors, result.tensor_bytes, result.values, took.count(),
+                 options.json);
+}
+
+void add_transfer_commands(CLI::App& ckpt) {
+  auto options = std::make_shared<TransferOptions>();
+  auto* exporter = ckpt.add_subcommand("export", "Write a checkpoint's tensors as Hugging Face safetensors");
+  exporter->add_option("dir", options->source, "checkpoint directory")->required();
+  exporter->add_option("--format", "output format")->check(CLI::IsMember({"safetensors"}))->default_val("safetensors");
+  exporter->add_option("--out", options->out, "the .safetensors file (shards and an index beside it when larger)")
+      ->required();
+  exporter->add_option("--max-shard-size", options->max_shard_size, "largest shard, e.g. 5GB, 512MiB")
+      ->check(byte_size())
+      ->capture_default_str();
+  exporter->add_option("--prefix", options->prefix, "only entries under this prefix (e.g. model.), without it");
+  auto* importer = ckpt.add_subcommand("import", "Write a checkpoint from safetensors (a file or an index.json)");
+  importer->add_option("source", options->source, "a .safetensors file, or a *.safetensors.index.json")->required();
+  importer->add_option("--out", options->out, "checkpoint directory to write")->required();
+  for (CLI::App* sub : {exporter, importer}) {
+    sub->add_flag("--overwrite", options->overwrite, "replace existing output");
+    sub->add_flag("--json", options->json, "machine-readable output");
+  }
+  exporter->callback([options] { export_checkpoint(*options); });
+  importer->callback([options] { import_checkpoint(*options); });
+}
+
 }  // namespace
 
 void add_ckpt_command(CLI::App& app) {
-  auto* ckpt = app.add_subcommand("ckpt", "List, inspect and verify checkpoints");
+  auto* ckpt = app.add_subcommand("ckpt", "List, inspect, verify, export and import checkpoints");
   ckpt->require_subcommand(1);
   struct Options {
     std::string dir;
@@ -171,6 +246,7 @@ void add_ckpt_command(CLI::App& app) {
   check->callback([options] {
     if (!verify(options->dir, options->json)) throw CLI::RuntimeError(2);
   });
+  add_transfer_commands(*ckpt);
 }
 
 }  // namespace stowage::cli

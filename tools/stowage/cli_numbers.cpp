@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <utility>
 
 namespace stowage::cli {
 namespace detail {
@@ -57,6 +58,42 @@ std::string positive_number_problem(const std::string& input) {
 
 CLI::Validator positive_number() {
   return CLI::Validator(detail::positive_number_problem, "POSITIVE");
+}
+
+std::optional<int64_t> parse_byte_size(const std::string& input) {
+  static const std::pair<const char*, int64_t> kUnits[] = {{"KiB", int64_t(1) << 10},
+                                                           {"MiB", int64_t(1) << 20},
+                                                           {"GiB", int64_t(1) << 30},
+                                                           {"TiB", int64_t(1) << 40},
+                                                           {"KB", 1'000},
+                                                           {"MB", 1'000'000},
+                                                           {"GB", 1'000'000'000},
+                                                           {"TB", 1'000'000'000'000},
+                                                           {"B", 1}};
+  const auto digits_end = std::find_if(input.begin(), input.end(), [](unsigned char c) { return !std::isdigit(c); });
+  const std::string unit(digits_end, input.end());
+  int64_t multiplier = unit.empty() ? 1 : 0;
+  for (const auto& [name, bytes] : kUnits) {
+    if (unit == name) multiplier = bytes;
+  }
+  int64_t count = 0;
+  const char* first = input.data();
+  const char* last = input.data() + (digits_end - input.begin());
+  const auto parsed = std::from_chars(first, last, count);
+  if (multiplier == 0 || first == last || parsed.ec != std::errc() || count == 0 ||
+      count > std::numeric_limits<int64_t>::max() / multiplier) {
+    return std::nullopt;
+  }
+  return count * multiplier;
+}
+
+CLI::Validator byte_size() {
+  return CLI::Validator(
+      [](std::string& input) {
+        return parse_byte_size(input) ? std::string()
+                                      : fmt::format("{} is not a positive size such as 5GB, 512MiB or 4096", input);
+      },
+      "SIZE");
 }
 
 }  // namespace stowage::cli
