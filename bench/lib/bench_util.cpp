@@ -1,10 +1,18 @@
 #include "bench_util.h"
 
+#include <stowage/error.h>
+
 #include <c10/util/Exception.h>
+#include <fmt/format.h>
 #include <torch/cuda.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include <stdlib.h>
 
 namespace stowage::bench {
 
@@ -22,6 +30,30 @@ double median(std::vector<double> values) {
 std::string temp_directory() {
   const char* dir = std::getenv("TMPDIR");
   return dir != nullptr && *dir != '\0' ? dir : "/tmp";
+}
+
+Scratch::Scratch(const std::string& parent, const std::string& name) {
+  const std::string base = parent.empty() ? temp_directory() : parent;
+  std::string pattern = base + "/stowage-bench-" + name + "-XXXXXX";
+  if (mkdtemp(pattern.data()) == nullptr) {
+    throw Error(fmt::format("bench {}: cannot create a directory under '{}': {}", name, base, std::strerror(errno)));
+  }
+  path_ = pattern;
+}
+
+Scratch::~Scratch() {
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
+}
+
+void run_round(int round, const std::vector<std::function<void()>>& measurements) {
+  const size_t n = measurements.size();
+  const size_t i = static_cast<size_t>(round);
+  for (size_t k = 0; k < n; ++k) measurements[(i % 2 == 0 ? i + k : i + n - k) % n]();
+}
+
+void take_turns(const std::vector<std::function<void()>>& measurements) {
+  for (int i = 0; i < kRounds; ++i) run_round(i, measurements);
 }
 
 }  // namespace stowage::bench

@@ -5,6 +5,8 @@
 #include <c10/core/Device.h>
 
 #include <chrono>
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,5 +29,37 @@ double median(std::vector<double> values);
 
 // The system temporary directory ($TMPDIR, else /tmp).
 std::string temp_directory();
+
+// GB/s (10^9 bytes a second).
+inline double gbps(int64_t bytes, double seconds) {
+  return static_cast<double>(bytes) / seconds / 1e9;
+}
+
+// A fresh directory "stowage-bench-<name>-XXXXXX" under `parent` (empty: the temporary
+// directory), removed with everything in it, also on an exception.
+class Scratch {
+ public:
+  Scratch(const std::string& parent, const std::string& name);
+  ~Scratch();
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  const std::string& path() const { return path_; }
+  std::string sub(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// How many rounds take_turns runs.
+inline constexpr int kRounds = 7;
+
+// Round `round` of take_turns: each measurement once, in an order that rotates with the
+// round and runs backwards in odd rounds.
+void run_round(int round, const std::vector<std::function<void()>>& measurements);
+
+// Runs the measurements kRounds times in turns: each round starts with the next one and
+// odd rounds run backwards, so that none always comes first or follows the same one
+// (two swap places every round).
+void take_turns(const std::vector<std::function<void()>>& measurements);
 
 }  // namespace stowage::bench

@@ -22,47 +22,6 @@
 namespace stowage::bench {
 namespace {
 
-// A scratch directory removed with everything in it, also on an exception.
-class Scratch {
- public:
-  explicit Scratch(const std::string& parent) {
-    std::string pattern = (parent.empty() ? temp_directory() : parent) + "/stowage-bench-dcp-XXXXXX";
-    if (mkdtemp(pattern.data()) == nullptr) {
-      throw Error(fmt::format("bench dcp: cannot create a directory under '{}': {}", parent, std::strerror(errno)));
-    }
-    path_ = pattern;
-  }
-  ~Scratch() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  std::string sub(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
-
-double gbps(int64_t bytes, double seconds) {
-  return static_cast<double>(bytes) / seconds / 1e9;
-}
-
-constexpr int kRounds = 7;
-
-// Round `round` of take_turns: each measurement once, in an order that rotates with the
-// round and runs backwards in odd rounds.
-void run_round(int round, const std::vector<std::function<void()>>& measurements) {
-  const size_t n = measurements.size();
-  const size_t i = static_cast<size_t>(round);
-  for (size_t k = 0; k < n; ++k) measurements[(i % 2 == 0 ? i + k : i + n - k) % n]();
-}
-
-// Runs the measurements kRounds times in turns: each round starts with the next one and
-// odd rounds run backwards, so that none always comes first or follows the same one
-// (two swap places every round).
-void take_turns(const std::vector<std::function<void()>>& measurements) {
-  for (int i = 0; i < kRounds; ++i) run_round(i, measurements);
-}
-
 template <typename Fn>
 double best_of(int repetitions, Fn&& fn) {
   double best = std::numeric_limits<double>::infinity();
@@ -96,7 +55,7 @@ DcpBenchResult run_dcp_bench(const DcpBenchOptions& options) {
   if (options.size_mib < 1 || options.tensors < 1) {
     throw InvalidArgument("bench dcp: --size-mib and the tensor count must be positive");
   }
-  const Scratch scratch(options.dir);
+  const Scratch scratch(options.dir, "dcp");
   const int64_t numel = options.size_mib * (int64_t(1) << 20) / 4 / options.tensors;
   std::vector<at::Tensor> tensors;
   StateDict state;
@@ -253,7 +212,7 @@ double run_dcp_rank_save_bench(const DcpBenchOptions& options, const std::string
 
 SmallEntriesBenchResult run_small_entries_bench(int64_t entries, int turns, const std::string& dir) {
   if (entries < 1 || turns < 1) throw InvalidArgument("bench dcp: the entry and turn counts must be positive");
-  const Scratch scratch(dir);
+  const Scratch scratch(dir, "dcp");
   std::vector<at::Tensor> tensors;
   StateDict state, target;
   for (int64_t i = 0; i < entries; ++i) {
@@ -366,7 +325,7 @@ DeviceStagingResult run_device_staging_bench(const DcpBenchOptions& options, c10
   if (options.size_mib < 1 || options.tensors < 1) {
     throw InvalidArgument("bench dcp: --size-mib and the tensor count must be positive");
   }
-  const Scratch scratch(options.dir);
+  const Scratch scratch(options.dir, "dcp");
   const int64_t numel = options.size_mib * (int64_t(1) << 20) / 4 / options.tensors;
   StateDict state;
   std::vector<at::Tensor> tensors;
