@@ -144,6 +144,15 @@ def test_export_then_import_keeps_tensors_and_values(stowage_cli, sharded_checkp
         assert_same(loaded[name], value, name)
 
 
+def test_import_then_export_gives_back_the_very_bytes_safetensors_wrote(stowage_cli, tmp_path):
+    # Both order tensors by element size, then name, and pad the header alike.
+    state = safetensors_state()
+    save_file(state, tmp_path / "original.safetensors", metadata={"format": "pt"})
+    run_checked([stowage_cli, "ckpt", "import", tmp_path / "original.safetensors", "--out", tmp_path / "ckpt"])
+    run_checked([stowage_cli, "ckpt", "export", tmp_path / "ckpt", "--out", tmp_path / "again.safetensors"])
+    assert (tmp_path / "again.safetensors").read_bytes() == (tmp_path / "original.safetensors").read_bytes()
+
+
 def test_a_tampered_file_is_refused_naming_it(stowage_cli, tmp_path):
     save_file({"a": torch.ones(4), "b": torch.zeros(2)}, tmp_path / "model.safetensors")
     data = bytearray((tmp_path / "model.safetensors").read_bytes())

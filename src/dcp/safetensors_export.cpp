@@ -80,14 +80,10 @@ void write_shard(StorageReader& reader, Env& env, const Shard& shard, const std:
   for (const EntryMetadata* entry : shard.entries) {
     layout.push_back({entry->fqn.substr(prefix.size()), entry->dtype, entry->shape});
   }
-  // Largest elements first, then by name, as safetensors' writer orders them: with the
-  // header padded to 8 bytes, every tensor then starts aligned to its element size.
   std::vector<size_t> order(layout.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const int64_t size_a = element_size(layout[a].dtype), size_b = element_size(layout[b].dtype);
-    return size_a != size_b ? size_a > size_b : layout[a].name < layout[b].name;
-  });
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return detail::written_before(layout[a], layout[b]); });
   std::vector<SafetensorsTensor> ordered;
   for (size_t i : order) ordered.push_back(layout[i]);
   const std::string header = detail::encode_safetensors_header(ordered, metadata);

@@ -20,18 +20,27 @@ namespace {
 using nlohmann::json;
 using nlohmann::ordered_json;
 
-// The dtypes both a checkpoint and safetensors hold, and their codes.
+// The dtypes both a checkpoint and safetensors hold, and their codes, in the order of
+// safetensors' own Dtype enum (which its writer sorts by).
 constexpr std::array<std::pair<c10::ScalarType, const char*>, 11> kCodes = {{{c10::kBool, "BOOL"},
                                                                              {c10::kByte, "U8"},
                                                                              {c10::kChar, "I8"},
                                                                              {c10::kShort, "I16"},
-                                                                             {c10::kInt, "I32"},
-                                                                             {c10::kLong, "I64"},
                                                                              {c10::kHalf, "F16"},
                                                                              {c10::kBFloat16, "BF16"},
+                                                                             {c10::kInt, "I32"},
                                                                              {c10::kFloat, "F32"},
+                                                                             {c10::kComplexFloat, "C64"},
                                                                              {c10::kDouble, "F64"},
-                                                                             {c10::kComplexFloat, "C64"}}};
+                                                                             {c10::kLong, "I64"}}};
+
+size_t rank_of(c10::ScalarType dtype) {
+  for (size_t i = 0; i < kCodes.size(); ++i) {
+    if (kCodes[i].first == dtype) return i;
+  }
+  return kCodes.size();
+}
+
 // Codes safetensors defines that no checkpoint dtype matches.
 constexpr std::array<const char*, 12> kCodesWithoutDtype = {"U16",     "U32",     "U64",         "F8_E5M2",
                                                             "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ",
@@ -139,6 +148,11 @@ std::string safetensors_dtype_code(c10::ScalarType dtype, const std::string& ent
   }
   throw InvalidArgument(
       fmt::format("entry '{}' is a {} tensor, which safetensors cannot hold", entry, c10::toString(dtype)));
+}
+
+bool written_before(const SafetensorsTensor& a, const SafetensorsTensor& b) {
+  const size_t rank_a = rank_of(a.dtype), rank_b = rank_of(b.dtype);
+  return rank_a != rank_b ? rank_a > rank_b : a.name < b.name;
 }
 
 std::string encode_safetensors_header(std::vector<SafetensorsTensor>& tensors,

@@ -40,6 +40,12 @@ struct SafetensorsHeader {
 // for a dtype safetensors has no code for (complex half, complex double).
 std::string safetensors_dtype_code(c10::ScalarType dtype, const std::string& entry);
 
+// The order safetensors' own writer puts tensors in: by dtype, the later in its Dtype
+// enum first (the wider elements, roughly), then by name. With the header padded to 8
+// bytes, every tensor then starts aligned to its element size, and a file stowage
+// exports is byte for byte the one safetensors writes for the same tensors.
+bool written_before(const SafetensorsTensor& a, const SafetensorsTensor& b);
+
 // Lays `tensors` out in this order from data byte 0 (setting begin and end) and returns
 // the header bytes: the length, then the JSON (__metadata__ first) padded with spaces to
 // a multiple of 8 bytes, so that every tensor starts as aligned as the tensors before it
