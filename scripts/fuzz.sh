@@ -14,14 +14,14 @@ source "$root/scripts/ccache.sh"
 CXX=clang++-14 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" \
   -DSTOWAGE_FUZZ=ON -DSTOWAGE_BUILD_TESTS=OFF -DSTOWAGE_BUILD_BENCH=OFF -DSTOWAGE_BUILD_TOOLS=OFF \
   -DSTOWAGE_BUILD_EXAMPLES=OFF >/dev/null
-cmake --build "$build" --parallel "${STOWAGE_JOBS:-2}" --target metadata_fuzzer reader_fuzzer
+cmake --build "$build" --parallel "${STOWAGE_JOBS:-2}" --target metadata_fuzzer reader_fuzzer torch_dcp_metadata_fuzzer
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 export LSAN_OPTIONS=suppressions=$root/scripts/sanitizers/lsan.supp
 status=0
-for target in metadata reader; do
+for target in metadata reader torch_dcp_metadata; do
   mkdir -p "$work/$target"
   # New inputs go to the scratch corpus; the committed seeds are only read.
   if ! "$build/fuzz/${target}_fuzzer" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \

@@ -1,0 +1,148 @@
+#include "dcp/file_io.h"
+#include "dcp/internal.h"
+#include "dcp/torch_dcp_metadata.h"
+#include "dcp/torch_save_archive.h"
+
+#include <stowage/dcp/filesystem.h>
+#include <stowage/dcp/torch_dcp_reader.h>
+#include <stowage/error.h>
+
+#include <fmt/format.h>
+
+#include <cerrno>
+
+namespace stowage::dcp {
+namespace {
+
+// Name of PyTorch DCP's metadata file; its presence commits the checkpoint.
+constexpr const char* kTorchDcpMetadataFileName = ".metadata";
+
+}  // namespace
+
+struct TorchDcpReader::OpenFile {
+  std::unique_ptr<ReadableFile> file;
+  int64_t size = 0;  // when read_metadata() opened it
+};
+
+TorchDcpReader::TorchDcpReader(std::string path, Env* env) : path_(std::move(path)), env_(env) {
+  if (path_.empty()) throw InvalidArgument("TorchDcpReader: the checkpoint path is empty");
+  if (env_ == nullptr) throw InvalidArgument("TorchDcpReader: the env is null");
+}
+
+TorchDcpReader::~TorchDcpReader() = default;
+
+const TorchDcpReader::OpenFile& TorchDcpReader::file_for(const std::string& fqn, const std::string& name) const {
+  const auto it = files_.find(name);
+  if (it == files_.end()) {
+    throw InvalidArgument(
+        fmt::format("DCP checkpoint '{}': entry '{}': data file '{}' was not opened by "
+                    "read_metadata()",
+                    path_, fqn, name));
+  }
+  return *it->second;
+}
+
+Metadata TorchDcpReader::read_metadata() {
+  files_.clear();
+  const std::string metadata_path = detail::join_path(path_, kTorchDcpMetadataFileName);
+  if (!detail::file_exists(*env_, metadata_path)) {
+    throw IoError(fmt::format("'{}' holds no PyTorch DCP checkpoint: its metadata file {} is missing", path_,
+                              kTorchDcpMetadataFileName),
+                  metadata_path, "open", ENOENT);
+  }
+  detail::TorchDcpMetadata decoded =
+      detail::decode_torch_dcp_metadata(detail::read_text_file(*env_, metadata_path), metadata_path);
+  Metadata& metadata = decoded.metadata;
+
+  // Every location lies inside its file, and a tensor's archive is at least as long as
+  // the chunk's bytes, so that nothing a load allocates exceeds what the files hold.
+  std::unordered_map<std::string, std::unique_ptr<OpenFile>> files;
+  const auto check_location = [&](const std::string& fqn, const StorageLocation& location, int64_t payload) {
+    auto& open = files[location.file];
+    const std::string file_path = detail::join_path(path_, location.file);
+    if (!open) {
+      open = std::make_unique<OpenFile>();
+      if (!detail::file_exists(*env_, file_path)) {
+        throw CorruptionError(
+            fmt::format("DCP checkpoint '{}': entry '{}': its data file '{}' is missing", path_, fqn, location.file),
+            fqn, file_path);
+      }
+      try {
+        open->file = env_->open_for_reading(file_path);
+        open->size = open->file->size();
+      } catch (const Error&) {
+        detail::rethrow_in_context(fmt::format("DCP checkpoint '{}': entry '{}': ", path_, fqn), fqn);
+      }
+    }
+    if (location.offset > open->size || location.length > open->size - location.offset) {
+      throw CorruptionError(
+          fmt::format("DCP checkpoint '{}': entry '{}': data file '{}' has {} bytes, the item "
+                      "needs bytes {} to {}",
+                      path_, fqn, location.file, open->size, location.offset, location.offset + location.length),
+          fqn, file_path, location.offset);
+    }
+    if (location.length < payload) {
+      throw CorruptionError(fmt::format("DCP checkpoint '{}': entry '{}': its item in '{}' at offset {} has {} bytes, "
+                                        "fewer than the {} its tensor needs",
+                                        path_, fqn, location.file, location.offset, location.length, payload),
+                            fqn, file_path, location.offset);
+    }
+  };
+  for (const EntryMetadata& entry : metadata.entries) {
+    for (const TensorChunk& chunk : entry.chunks) {
+      check_location(entry.fqn, chunk.location,
+                     detail::checked_volume(chunk.box.sizes, entry.fqn) * element_size(entry.dtype));
+    }
+  }
+  for (const detail::TorchDcpValueItem& item : decoded.values) {
+    check_location(metadata.entries[item.entry].fqn, item.location, 0);
+  }
+  const std::string context = fmt::format("DCP checkpoint '{}'", path_);
+  for (const detail::TorchDcpValueItem& item : decoded.values) {
+    EntryMetadata& entry = metadata.entries[item.entry];
+    const OpenFile& open = *files.at(item.location.file);
+    entry.value = detail::TorchSaveArchive(*open.file, item.location.offset, item.location.length, entry.fqn, context)
+                      .read_value();
+  }
+  files_ = std::move(files);
+  return std::move(metadata);
+}
+
+void TorchDcpReader::read_data(std::vector<ChunkRead>& reads) {
+  const std::string context = fmt::format("DCP checkpoint '{}'", path_);
+  for (ChunkRead& read : reads) {
+    const EntryMetadata& entry = *read.entry;
+    const TensorChunk& chunk = *read.chunk;
+    const ChunkBox region =
+        read.region.value_or(ChunkBox{std::vector<int64_t>(chunk.box.sizes.size(), 0), chunk.box.sizes});
+    bool fits = region.offsets.size() == chunk.box.sizes.size() && region.sizes.size() == chunk.box.sizes.size();
+    for (size_t d = 0; fits && d < region.sizes.size(); ++d) {
+      fits = region.offsets[d] >= 0 && region.sizes[d] >= 0 && region.offsets[d] <= chunk.box.sizes[d] &&
+             region.sizes[d] <= chunk.box.sizes[d] - region.offsets[d];
+    }
+    const at::Tensor& buffer = read.buffer;
+    if (!fits || !buffer.defined() || !buffer.device().is_cpu() || !buffer.is_contiguous() ||
+        buffer.nbytes() !=
+            static_cast<size_t>(detail::checked_volume(region.sizes, entry.fqn) * element_size(entry.dtype))) {
+      throw InvalidArgument(
+          fmt::format("{}: entry '{}': the read buffer or region does not match the chunk", context, entry.fqn));
+    }
+    const OpenFile& open = file_for(entry.fqn, chunk.location.file);
+    detail::TorchSaveArchive(*open.file, chunk.location.offset, chunk.location.length, entry.fqn, context)
+        .read_tensor(entry.dtype, chunk.box.sizes, region, buffer);
+  }
+}
+
+std::unique_ptr<StorageReader> open_checkpoint(const std::string& path, Env* env) {
+  if (detail::file_exists(*env, detail::join_path(path, kMetadataFileName))) {
+    return std::make_unique<FileSystemReader>(path, env);
+  }
+  if (detail::file_exists(*env, detail::join_path(path, kTorchDcpMetadataFileName))) {
+    return std::make_unique<TorchDcpReader>(path, env);
+  }
+  throw IoError(fmt::format("'{}' holds no checkpoint: neither stowage's {} nor PyTorch DCP's {} is there", path,
+                            kMetadataFileName, kTorchDcpMetadataFileName),
+                detail::join_path(path, kTorchDcpMetadataFileName), "open", ENOENT);
+}
+
+}  // namespace stowage::dcp
