@@ -16,10 +16,12 @@ VerifyReport verify(StorageReader& reader) {
         std::vector<ChunkRead> reads(1);
         reads[0].entry = &entry;
         reads[0].chunk = &chunk;
-        reads[0].buffer = at::empty({chunk.location.length}, at::kByte);
+        // The chunk's elements: what any reader fills, whatever its files hold them as
+        // (stowage's raw bytes, PyTorch DCP's torch.save archives).
+        reads[0].buffer = at::empty(chunk.box.sizes, at::TensorOptions().dtype(entry.dtype));
         reader.read_data(reads);
         ++report.chunks_verified;
-        report.bytes_verified += chunk.location.length;
+        report.bytes_verified += static_cast<int64_t>(reads[0].buffer.nbytes());
       }
     }
   } catch (const Error& e) {
