@@ -206,7 +206,7 @@ TEST(Ckpt, LsRejectsADirectoryThatIsNoRun) {
   fs::create_directories(empty.path);
   const auto result = run_command(stowage_binary() + " ckpt ls " + empty.str());
   EXPECT_NE(result.status, 0);
-  EXPECT_NE(result.output.find("not a run directory"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("is neither a run directory"), std::string::npos) << result.output;
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // `stowage ckpt ls | inspect | verify`: look into checkpoints without loading them;
-// `stowage ckpt export | import`: to and from Hugging Face safetensors.
+// `stowage ckpt export | import`: to and from Hugging Face safetensors. A checkpoint is
+// stowage's or PyTorch DCP's (dcp::open_checkpoint tells them apart).
 #include "cli_numbers.h"
 #include "commands.h"
 #include "train_progress.h"
@@ -7,6 +8,7 @@
 #include <stowage/dcp/checkpoint_manager.h>
 #include <stowage/dcp/dcp.h>
 #include <stowage/dcp/safetensors.h>
+#include <stowage/dcp/torch_dcp_reader.h>
 #include <stowage/dcp/verify.h>
 #include <stowage/error.h>
 
@@ -16,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <sstream>
@@ -37,49 +40,74 @@ int64_t checkpoint_bytes(const dcp::Metadata& metadata) {
   return bytes;
 }
 
+const char* format_of(const dcp::StorageReader& reader) {
+  return dynamic_cast<const dcp::TorchDcpReader*>(&reader) != nullptr ? "pytorch-dcp" : "stowage";
+}
+
 // `dir` is a run directory (its checkpoints), or a directory of step-<N> checkpoints.
 std::string run_dir_of(const std::string& dir) {
   return fs::path(dir).filename() == "checkpoints" ? fs::path(dir).parent_path().string() : dir;
 }
 
-// Only committed checkpoints, unless `all`: an uncommitted directory is a save in flight
-// or the remains of a failed one, never something to load.
-void list(const std::string& dir, bool as_json, bool all) {
-  auto checkpoints = dcp::list_checkpoints(checkpoints_dir(run_dir_of(dir)));
-  if (!all) {
-    checkpoints.erase(
-        std::remove_if(checkpoints.begin(), checkpoints.end(), [](const auto& c) { return !c.committed; }),
-        checkpoints.end());
-  }
-  if (checkpoints.empty() && !fs::is_directory(checkpoints_dir(run_dir_of(dir)))) {
-    throw InvalidArgument(fmt::format("'{}' is not a run directory: it has no checkpoints/ folder", dir));
-  }
-  json out = json::array();
-  for (const auto& checkpoint : checkpoints) {
-    json row{{"step", checkpoint.step}, {"path", checkpoint.path}, {"committed", checkpoint.committed}};
-    if (checkpoint.committed) {
-      const dcp::Metadata metadata = dcp::FileSystemReader(checkpoint.path).read_metadata();
-      row["entries"] = metadata.entries.size();
-      row["bytes"] = checkpoint_bytes(metadata);
-      row["ranks"] = metadata.world_size;
+// What `ls` says of a committed checkpoint.
+void describe_committed(const std::string& path, json& row) {
+  const std::unique_ptr<dcp::StorageReader> reader = dcp::open_checkpoint(path);
+  const dcp::Metadata metadata = reader->read_metadata();
+  row["format"] = format_of(*reader);
+  row["entries"] = metadata.entries.size();
+  row["bytes"] = checkpoint_bytes(metadata);
+  row["ranks"] = metadata.world_size;
+}
+
+// The rows of `ls`: a run's checkpoints, only the committed ones unless `all` (an
+// uncommitted directory is a save in flight or the remains of a failed one, never
+// something to load); or the one checkpoint `dir` is, stowage's or PyTorch DCP's.
+json list_rows(const std::string& dir, bool all) {
+  const std::string run_checkpoints = checkpoints_dir(run_dir_of(dir));
+  json rows = json::array();
+  if (!fs::is_directory(run_checkpoints)) {
+    json row{{"step", nullptr}, {"path", dir}, {"committed", true}};
+    try {
+      describe_committed(dir, row);
+    } catch (const IoError& e) {
+      if (e.error_number() != ENOENT) throw;
+      throw InvalidArgument(
+          fmt::format("'{}' is neither a run directory (it has no checkpoints/ folder) nor a checkpoint", dir));
     }
-    out.push_back(row);
+    rows.push_back(row);
+    return rows;
   }
+  for (const auto& checkpoint : dcp::list_checkpoints(run_checkpoints)) {
+    if (!checkpoint.committed && !all) continue;
+    json row{{"step", checkpoint.step}, {"path", checkpoint.path}, {"committed", checkpoint.committed}};
+    if (checkpoint.committed) describe_committed(checkpoint.path, row);
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+void list(const std::string& dir, bool as_json, bool all) {
+  const json rows = list_rows(dir, all);
   if (as_json) {
-    fmt::print("{}\n", out.dump(2));
+    fmt::print("{}\n", rows.dump(2));
     return;
   }
-  fmt::print("{:>10}  {:<11}  {:>8}  {:>10}  {}\n", "step", "state", "entries", "size", "path");
-  for (const auto& row : out) {
+  fmt::print("{:>10}  {:<11}  {:<11}  {:>8}  {:>10}  {}\n", "step", "state", "format", "entries", "size", "path");
+  for (const auto& row : rows) {
     const bool committed = row["committed"].get<bool>();
-    fmt::print("{:>10}  {:<11}  {:>8}  {:>10}  {}\n", row["step"].get<int64_t>(),
-               committed ? "committed" : "uncommitted", committed ? std::to_string(row["entries"].get<size_t>()) : "-",
+    fmt::print("{:>10}  {:<11}  {:<11}  {:>8}  {:>10}  {}\n",
+               row["step"].is_null() ? "-" : std::to_string(row["step"].get<int64_t>()),
+               committed ? "committed" : "uncommitted", committed ? row["format"].get<std::string>() : "-",
+               committed ? std::to_string(row["entries"].get<size_t>()) : "-",
                committed ? format_bytes(row["bytes"].get<int64_t>()) : "-", row["path"].get<std::string>());
   }
 }
 
 void inspect(const std::string& dir, bool as_json) {
-  const dcp::Metadata metadata = dcp::FileSystemReader(dir).read_metadata();
+  const std::unique_ptr<dcp::StorageReader> reader = dcp::open_checkpoint(dir);
+  const dcp::Metadata metadata = reader->read_metadata();
+  // PyTorch DCP keeps no checksums (each record's zip CRC32 is checked as it is read).
+  const bool checksummed = std::string(format_of(*reader)) == "stowage";
   json entries = json::array();
   for (const auto& entry : metadata.entries) {
     json row{{"key", entry.fqn}};
@@ -95,7 +123,7 @@ void inspect(const std::string& dir, bool as_json) {
                           {"file", chunk.location.file},
                           {"offset", chunk.location.offset},
                           {"length", chunk.location.length},
-                          {"checksum", fmt::format("{:016x}", chunk.location.checksum)}});
+                          {"checksum", checksummed ? fmt::format("{:016x}", chunk.location.checksum) : "-"}});
       }
       row["chunks"] = chunks;
     } else {
@@ -107,6 +135,7 @@ void inspect(const std::string& dir, bool as_json) {
   }
   if (as_json) {
     fmt::print("{}\n", json{{"path", dir},
+                            {"format", format_of(*reader)},
                             {"save_id", metadata.save_id},
                             {"ranks", metadata.world_size},
                             {"version", metadata.version},
@@ -114,8 +143,9 @@ void inspect(const std::string& dir, bool as_json) {
                            .dump(2));
     return;
   }
-  fmt::print("{}: format {}, save {}, {} rank(s), {} entries, {}\n", dir, metadata.version, metadata.save_id,
-             metadata.world_size, metadata.entries.size(), format_bytes(checkpoint_bytes(metadata)));
+  const std::string format = checksummed ? fmt::format("stowage format {}", metadata.version) : "PyTorch DCP";
+  fmt::print("{}: {}, save {}, {} rank(s), {} entries, {}\n", dir, format, metadata.save_id, metadata.world_size,
+             metadata.entries.size(), format_bytes(checkpoint_bytes(metadata)));
   for (const auto& row : entries) {
     if (!row.contains("dtype")) {
       fmt::print("  {:<48} value {}\n", row["key"].get<std::string>(), row["value"].get<std::string>());
@@ -133,8 +163,8 @@ void inspect(const std::string& dir, bool as_json) {
 // Reads every chunk and checks its checksum, one chunk at a time. Returns false (and
 // reports the first bad entry) when one fails.
 bool verify(const std::string& dir, bool as_json) {
-  dcp::FileSystemReader reader(dir);
-  const dcp::VerifyReport report = dcp::verify(reader);
+  const std::unique_ptr<dcp::StorageReader> reader = dcp::open_checkpoint(dir);
+  const dcp::VerifyReport report = dcp::verify(*reader);
   json result{{"path", dir},
               {"ok", report.ok()},
               {"chunks_verified", report.chunks_verified},
@@ -176,10 +206,10 @@ void print_transfer(const char* verb, const std::vector<std::string>& files, int
 }
 
 void export_checkpoint(const TransferOptions& options) {
-  dcp::FileSystemReader reader(options.source);
+  const std::unique_ptr<dcp::StorageReader> reader = dcp::open_checkpoint(options.source);
   const auto start = std::chrono::steady_clock::now();
   const dcp::SafetensorsExportResult result =
-      dcp::export_safetensors(reader, options.out,
+      dcp::export_safetensors(*reader, options.out,
                               dcp::SafetensorsExportOptions()
                                   .prefix(options.prefix)
                                   .max_shard_bytes(*parse_byte_size(options.max_shard_size))
