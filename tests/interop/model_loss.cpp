@@ -1,6 +1,6 @@
 // interop_model_loss CHECKPOINT TOKENS_FILE BATCH SEQ_LEN: the loss `stowage train`'s
 // model (default architecture, context SEQ_LEN) gives on a batch, with its weights
-// loaded from a checkpoint `stowage train` saved. The batch is the file's first
+// loaded from a checkpoint, stowage's (as `stowage train` saves it) or PyTorch DCP's. The batch is the file's first
 // BATCH * (SEQ_LEN + 1) bytes, one sequence after another; each sequence's first SEQ_LEN
 // bytes are the inputs and its last SEQ_LEN the targets, as in training. Prints the mean
 // cross-entropy with 9 significant digits (python/tests/test_train_interop.py computes
@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <string>
 
 int main(int argc, char** argv) {
@@ -38,7 +39,8 @@ int main(int argc, char** argv) {
   stowage::cli::LanguageModel model(options);
   stowage::StateDict state;
   state.insert("model", stowage::as_ivalue(model.ptr()));
-  stowage::dcp::load(state, checkpoint);  // the model's entries; the others stay unread
+  const std::unique_ptr<stowage::dcp::StorageReader> reader = stowage::dcp::open_checkpoint(checkpoint);
+  stowage::dcp::load(state, *reader);  // the model's entries; the others stay unread
 
   torch::NoGradGuard no_grad;
   const torch::Tensor logits = model->forward(tokens.narrow(1, 0, seq_len));

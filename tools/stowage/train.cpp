@@ -19,6 +19,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -48,6 +49,7 @@ struct TrainOptions {
   int64_t ckpt_every = 50;         // 0: no checkpoints
   int64_t keep = 3;
   bool resume = false;
+  std::string resume_from;  // another checkpoint to start from (stowage's or PyTorch DCP's)
   int64_t log_every = 25;
   int nproc = 1;
   std::string device = "cpu";  // "cuda": each rank's cuda:LOCAL_RANK
@@ -144,6 +146,7 @@ class Trainer {
                          dcp::CheckpointManagerOptions().save_every(options_.ckpt_every).keep_last(options_.keep),
                          world_.group);
     if (options_.resume) resume();
+    if (!options_.resume_from.empty()) resume_from(options_.resume_from);
 
     double first_loss = -1, last_loss = 0;
     const auto run_start = Clock::now();
@@ -325,14 +328,44 @@ class Trainer {
       }
       return;
     }
-    const StateDict progress = state.at("progress").toGenericDict();
+    apply_progress(state.at("progress").toGenericDict());
+    if (progress_) {
+      progress_->message(fmt::format("resumed from {} at step {}", checkpoints_->checkpoint_path(*step), step_));
+    }
+  }
+
+  // Starts from a checkpoint of another run, stowage's or PyTorch DCP's: the model's
+  // weights, and what else of live_state() it holds (the optimizer state in stowage's
+  // layout, the progress) — a checkpoint of the model alone starts at step 0 with a
+  // fresh optimizer.
+  void resume_from(const std::string& path) {
+    const std::unique_ptr<dcp::StorageReader> reader = dcp::open_checkpoint(path);
+    const dcp::Metadata metadata = reader->read_metadata();
+    const StateDict live = live_state();
+    StateDict state;
+    for (const std::string key : {"model", "optim", "progress"}) {
+      const bool held =
+          std::any_of(metadata.entries.begin(), metadata.entries.end(),
+                      [&](const dcp::EntryMetadata& entry) { return entry.fqn.rfind(key + ".", 0) == 0; });
+      if (held) state.insert(key, live.at(key));
+    }
+    if (!state.contains("model")) {
+      throw InvalidArgument(fmt::format("--resume-from '{}': the checkpoint holds no model.* entries", path));
+    }
+    dcp::load(state, *reader, {}, world_.group);
+    if (state.contains("progress")) apply_progress(state.at("progress").toGenericDict());
+    if (progress_) {
+      progress_->message(fmt::format("started from {} ({}) at step {}", path,
+                                     state.contains("optim") ? "model and optimizer" : "model; a fresh optimizer",
+                                     step_));
+    }
+  }
+
+  void apply_progress(const StateDict& progress) {
     step_ = progress.at("step").toInt();
     data_generator_.set_state(progress.at("data_rng").toTensor());
     at::Generator torch_generator = at::detail::getDefaultCPUGenerator();  // a handle: set_state is non-const
     torch_generator.set_state(progress.at("torch_rng").toTensor());
-    if (progress_) {
-      progress_->message(fmt::format("resumed from {} at step {}", checkpoints_->checkpoint_path(*step), step_));
-    }
   }
 
   TrainOptions options_;
@@ -399,7 +432,12 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--keep", options->keep, "committed checkpoints to keep")
       ->check(positive_integer<int64_t>())
       ->capture_default_str();
-  cmd->add_flag("--resume", options->resume, "continue from the run directory's latest committed checkpoint");
+  auto* resume =
+      cmd->add_flag("--resume", options->resume, "continue from the run directory's latest committed checkpoint");
+  cmd->add_option("--resume-from", options->resume_from,
+                  "start from another checkpoint, stowage's or PyTorch DCP's: its model weights, and its optimizer "
+                  "state and step when it has them in stowage's layout")
+      ->excludes(resume);
   cmd->add_option("--log-every", options->log_every, "steps between log lines when not on a terminal")
       ->check(positive_integer<int64_t>())
       ->capture_default_str();
