@@ -19,8 +19,15 @@ namespace stowage::dcp::detail {
 // it before staging, so that every path gives the same error.
 void check_saveable_tensor(const std::string& fqn, const at::Tensor& tensor);
 
+inline bool ends_with(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 // Product of `sizes`; throws Error naming `what` on a negative size or an overflow.
 int64_t checked_volume(const std::vector<int64_t>& sizes, const std::string& what);
+// Bytes of a tensor of `sizes` and `dtype`: checked_volume times the element size, with
+// the same errors (an overflow of the product too).
+int64_t checked_bytes(const std::vector<int64_t>& sizes, c10::ScalarType dtype, const std::string& what);
 
 // Checks that `chunks` tile a tensor of `shape` exactly: every box has the tensor's
 // rank, lies inside it, no two overlap, and together they cover it. Throws Error

@@ -244,6 +244,15 @@ int64_t checked_volume(const std::vector<int64_t>& sizes, const std::string& wha
   return volume;
 }
 
+int64_t checked_bytes(const std::vector<int64_t>& sizes, c10::ScalarType dtype, const std::string& what) {
+  const int64_t volume = checked_volume(sizes, what);
+  const int64_t element = element_size(dtype);
+  if (volume > std::numeric_limits<int64_t>::max() / element) {
+    throw Error(fmt::format("{}: {} elements of {} overflow a byte count", what, volume, dtype_name(dtype)));
+  }
+  return volume * element;
+}
+
 void check_tiling(const std::vector<int64_t>& shape, const std::vector<ChunkBox>& chunks, const std::string& what) {
   const int64_t total = checked_volume(shape, what);
   int64_t covered = 0;

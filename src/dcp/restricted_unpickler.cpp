@@ -65,18 +65,16 @@ const char* unsupported_opcode_name(uint8_t opcode) {
   }
 }
 
-PickleRef new_value(Kind kind) {
-  auto value = std::make_shared<PickleValue>();
-  value->kind = kind;
-  return value;
-}
-
 // One decoding. Invariants: `at_` never passes the input's end; every value on the
 // stack, in the memo or inside a container is complete except the containers on the
 // stack that are not frozen.
 class Unpickler {
  public:
-  Unpickler(std::string_view bytes, const UnpicklerOptions& options) : in_(bytes), options_(options) {}
+  Unpickler(std::string_view bytes, const UnpicklerOptions& options)
+      : in_(bytes),
+        options_(options),
+        max_values_(options.max_values >= 0 ? options.max_values
+                                            : static_cast<int64_t>(bytes.size()) + kPickleValueSlack) {}
 
   PickleRef run() {
     while (true) {
@@ -118,6 +116,20 @@ class Unpickler {
     std::string line(in_.substr(at_, end - at_));
     at_ = end + 1;
     return line;
+  }
+
+  // ---- the budget of values built
+  void count_values(size_t count) {
+    if (static_cast<uint64_t>(count) > static_cast<uint64_t>(max_values_ - values_)) {
+      fail(fmt::format("it builds more than {} values (the budget for {} input bytes)", max_values_, in_.size()));
+    }
+    values_ += static_cast<int64_t>(count);
+  }
+  PickleRef new_value(Kind kind) {
+    count_values(1);
+    auto value = std::make_shared<PickleValue>();
+    value->kind = kind;
+    return value;
   }
 
   // ---- the stack
@@ -214,7 +226,8 @@ class Unpickler {
   }
 
   void push_global(const std::string& module, const std::string& name) {
-    for (const AllowedGlobal& allowed : options_.globals) {
+    if (options_.globals == nullptr) fail(fmt::format("global '{}.{}' is not allowed", module, name));
+    for (const AllowedGlobal& allowed : *options_.globals) {
       if (allowed.module == module && allowed.name == name) {
         PickleRef v = new_value(Kind::kGlobal);
         v->global = &allowed;
@@ -247,7 +260,7 @@ class Unpickler {
     if (global.use != GlobalUse::kCallable) {
       fail(fmt::format("REDUCE of '{}.{}', which may not be called so", global.module, global.name));
     }
-    push(call(Kind::kCall, callable, std::move(args->items)));
+    push(call(Kind::kCall, callable, arguments(*args)));
   }
   void new_object(bool with_kwargs) {
     if (with_kwargs) {
@@ -261,7 +274,13 @@ class Unpickler {
       fail(fmt::format("NEWOBJ of '{}.{}', which may not be instantiated so", global.module, global.name));
     }
     if (!args->is(Kind::kTuple)) fail("NEWOBJ with arguments that are not a tuple");
-    push(call(Kind::kObject, cls, std::move(args->items)));
+    push(call(Kind::kObject, cls, arguments(*args)));
+  }
+  // The items of an argument tuple, copied: the tuple may be memoized or inside another
+  // container, and stays as it is. Each copy counts against the budget.
+  std::vector<PickleRef> arguments(const PickleValue& args) {
+    count_values(args.items.size());
+    return args.items;
   }
   PickleRef call(Kind kind, const PickleRef& global, std::vector<PickleRef> args) {
     PickleRef v = container(kind, std::move(args));
@@ -450,6 +469,8 @@ class Unpickler {
 
   std::string_view in_;
   const UnpicklerOptions& options_;
+  int64_t max_values_;
+  int64_t values_ = 0;
   size_t at_ = 0;
   size_t opcode_at_ = 0;
   uint8_t opcode_ = 0;

@@ -9,8 +9,11 @@
 // Invariants, whatever the input:
 //  - every global is resolved against the caller's allow-list; any other one is an
 //    error naming it, before anything is built from it;
-//  - every length is checked against the bytes left before anything is allocated, so
-//    the values built never take more than a small multiple of the input's size;
+//  - every length is checked against the bytes left before anything is allocated, and
+//    the values built (each value, and each argument a REDUCE or NEWOBJ copies out of
+//    a tuple) are counted against a budget, by default one per input byte plus
+//    kPickleValueSlack: the values built never take more than a small multiple of the
+//    input's size (about 200 bytes per input byte at most);
 //  - containers nest at most kMaxPickleDepth deep and never contain themselves (a
 //    container is frozen once it is put into another one), so walking a result
 //    recursively is safe;
@@ -28,6 +31,8 @@
 namespace stowage::dcp::detail {
 
 inline constexpr int kMaxPickleDepth = 64;
+// Values built beyond one per input byte by default (UnpicklerOptions::max_values).
+inline constexpr int64_t kPickleValueSlack = 1024;
 
 struct PickleValue;
 using PickleRef = std::shared_ptr<PickleValue>;
@@ -83,8 +88,12 @@ struct PickleValue {
 };
 
 struct UnpicklerOptions {
-  // The only globals the input may name.
-  std::vector<AllowedGlobal> globals;
+  // The only globals the input may name (none when null). PickleValue::global points
+  // into this list, so it must outlive the values built: a static list.
+  const std::vector<AllowedGlobal>* globals = nullptr;
+  // The most values the decoding builds (an argument copied out of a tuple counts as
+  // one); negative: the input's size plus kPickleValueSlack.
+  int64_t max_values = -1;
   // Whether BINPERSID is accepted (torch.save's data.pkl refers to its storages so).
   bool allow_persistent_ids = false;
   // Names the input in errors (a file, or a record of an archive in a file).

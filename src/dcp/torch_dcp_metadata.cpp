@@ -18,6 +18,15 @@ namespace {
 
 using Kind = PickleValue::Kind;
 
+// A hostile `.metadata` may name one memoized string or torch.Size from many places, so
+// that copying them costs far more than their bytes in the input: the converter counts
+// what it copies (names, path elements, dimensions at 8 bytes each) and refuses more
+// than kCopyFactor times the input's size plus kCopySlack.
+constexpr int64_t kCopyFactor = 32;
+constexpr int64_t kCopySlack = int64_t(16) << 20;
+// Chunks of one entry: checking that they tile it is quadratic in their number.
+constexpr size_t kMaxChunksPerEntry = 65536;
+
 constexpr const char* kMetadataModule = "torch.distributed.checkpoint.metadata";
 // torch <= 2.3 kept TensorProperties with ShardedTensor's metadata.
 constexpr const char* kLegacyPropertiesModule = "torch.distributed._shard.sharded_tensor.metadata";
@@ -66,7 +75,10 @@ std::vector<AllowedGlobal> metadata_globals() {
 // The checks of one decoding; every failure names the file and where in the metadata.
 class Converter {
  public:
-  explicit Converter(const std::string& origin) : origin_(origin) { empty_dict_.kind = Kind::kDict; }
+  Converter(const std::string& origin, size_t input_bytes)
+      : origin_(origin), copy_budget_(kCopyFactor * static_cast<int64_t>(input_bytes) + kCopySlack) {
+    empty_dict_.kind = Kind::kDict;
+  }
 
   TorchDcpMetadata convert(const PickleValue& root) {
     const PickleValue& state = object_state(root, "Metadata", "the metadata");
@@ -78,7 +90,7 @@ class Converter {
     }
     for (const auto& [key, value] : entries.entries) {
       if (!key->is(Kind::kString)) fail("state_dict_metadata", "a key is not a str");
-      add_entry(key->text, *value, planner_data);
+      add_entry(text(*key, "state_dict_metadata"), *value, planner_data);
     }
     if (!storage_.empty()) {
       fail(fmt::format("storage_data of entry '{}'", storage_.begin()->first.first),
@@ -103,6 +115,23 @@ class Converter {
  private:
   [[noreturn]] void fail(const std::string& where, const std::string& what, const std::string& entry = "") const {
     throw CorruptionError(fmt::format("DCP metadata '{}': {}: {}", origin_, where, what), entry, origin_);
+  }
+
+  // Counts `bytes` copied for `where` (entry `fqn`) against the budget.
+  void count_copy(size_t bytes, const std::string& where, const std::string& fqn = "") {
+    if (static_cast<uint64_t>(bytes) > static_cast<uint64_t>(copy_budget_ - copied_)) {
+      fail(where,
+           fmt::format("copying its names and sizes takes more than {} bytes ({} times the input's size plus {}): "
+                       "the metadata shares one value from too many places",
+                       copy_budget_, kCopyFactor, kCopySlack),
+           fqn);
+    }
+    copied_ += static_cast<int64_t>(bytes);
+  }
+  // The text of the kString `value`, counted against the budget.
+  std::string text(const PickleValue& value, const std::string& where, const std::string& fqn = "") {
+    count_copy(value.text.size(), where, fqn);
+    return value.text;
   }
 
   // The state dict BUILD gave an object of DCP's class `cls` (an empty one without BUILD).
@@ -131,11 +160,12 @@ class Converter {
   }
 
   // torch.Size((a, b, ...)): its sizes, each non-negative.
-  std::vector<int64_t> size(const PickleValue& value, const std::string& where, const char* what) const {
+  std::vector<int64_t> size(const PickleValue& value, const std::string& where, const char* what) {
     if (!value.is(Kind::kCall) || value.global->name != "Size" || value.items.size() != 1 ||
         !value.items[0]->is(Kind::kTuple)) {
       fail(where, fmt::format("{} is {}, not a torch.Size", what, value.describe()));
     }
+    count_copy(value.items[0]->items.size() * sizeof(int64_t), where);
     std::vector<int64_t> sizes;
     for (const PickleRef& element : value.items[0]->items) {
       const int64_t n = integer(*element, where, what);
@@ -163,7 +193,7 @@ class Converter {
   void read_storage_data(const PickleValue& storage_data) {
     for (const auto& [key, value] : storage_data.entries) {
       const PickleValue& index = object_state(*key, "MetadataIndex", "storage_data");
-      const std::string fqn = field(index, "fqn", Kind::kString, "storage_data").text;
+      const std::string fqn = text(field(index, "fqn", Kind::kString, "storage_data"), "storage_data");
       const std::string where = fmt::format("storage_data of entry '{}'", fqn);
       std::vector<int64_t> offset;
       const PickleValue* offset_value = index.find("offset");
@@ -171,7 +201,7 @@ class Converter {
       if (has_offset) offset = size(*offset_value, where, "MetadataIndex.offset");
       const PickleValue& info = object_state(*value, "_StorageInfo", where);
       StorageLocation location;
-      location.file = field(info, "relative_path", Kind::kString, where).text;
+      location.file = text(field(info, "relative_path", Kind::kString, where), where, fqn);
       location.offset = integer(field(info, "offset", Kind::kInt, where), where, "offset");
       location.length = integer(field(info, "length", Kind::kInt, where), where, "length");
       if (!is_safe_file_name(location.file)) {
@@ -198,11 +228,12 @@ class Converter {
     return location;
   }
 
-  ObjectPath path_of(const std::string& fqn, const PickleValue* planner_data) const {
+  ObjectPath path_of(const std::string& fqn, const PickleValue* planner_data) {
     const std::string where = fmt::format("planner_data of entry '{}'", fqn);
     const PickleValue* saved = planner_data && planner_data->is(Kind::kDict) ? planner_data->find(fqn) : nullptr;
     ObjectPath path;
     if (saved == nullptr) {  // no planner data: the name's dot-separated keys
+      count_copy(fqn.size(), where, fqn);
       for (size_t begin = 0;;) {
         const size_t dot = fqn.find('.', begin);
         path.emplace_back(fqn.substr(begin, dot - begin));
@@ -214,7 +245,7 @@ class Converter {
     if (!saved->is(Kind::kTuple) || saved->items.empty()) fail(where, "the path must be a non-empty tuple", fqn);
     for (const PickleRef& element : saved->items) {
       if (element->is(Kind::kString)) {
-        path.emplace_back(element->text);
+        path.emplace_back(text(*element, where, fqn));
       } else if (element->is(Kind::kInt) && element->integer >= 0) {
         path.emplace_back(element->integer);
       } else {
@@ -246,8 +277,19 @@ class Converter {
     entry.kind = EntryKind::kTensor;
     entry.dtype = dtype(properties, where);
     entry.shape = size(field(tensor, "size", Kind::kCall, where), where, "size");
+    try {
+      checked_bytes(entry.shape, entry.dtype, where);
+    } catch (const Error& e) {
+      throw CorruptionError(fmt::format("DCP metadata '{}': {}", origin_, e.what()), fqn, origin_);
+    }
+    const std::vector<PickleRef>& chunks = field(tensor, "chunks", Kind::kList, where).items;
+    if (chunks.size() > kMaxChunksPerEntry) {
+      fail(where, fmt::format("{} chunks, more than the {} this reader accepts", chunks.size(), kMaxChunksPerEntry),
+           fqn);
+    }
     std::vector<ChunkBox> boxes;
-    for (const PickleRef& chunk_value : field(tensor, "chunks", Kind::kList, where).items) {
+    for (const PickleRef& chunk_value : chunks) {
+      count_copy(fqn.size(), where, fqn);  // the storage key take_location builds
       const PickleValue& chunk = object_state(*chunk_value, "ChunkStorageMetadata", where);
       TensorChunk out;
       out.box.offsets = size(field(chunk, "offsets", Kind::kCall, where), where, "chunk offsets");
@@ -280,6 +322,8 @@ class Converter {
   // (fqn, (has offset, offset)) -> location; each taken by its chunk or value.
   std::map<std::pair<std::string, std::pair<bool, std::vector<int64_t>>>, StorageLocation> storage_;
   int64_t max_rank_ = 0;
+  int64_t copy_budget_;
+  int64_t copied_ = 0;
   PickleValue empty_dict_;  // the state of an object without BUILD
 };
 
@@ -298,11 +342,11 @@ bool torch_dtype_from_name(const std::string& name, c10::ScalarType* dtype) {
 TorchDcpMetadata decode_torch_dcp_metadata(std::string_view bytes, const std::string& origin) {
   static const std::vector<AllowedGlobal> globals = metadata_globals();
   UnpicklerOptions options;
-  options.globals = globals;
+  options.globals = &globals;
   options.origin = fmt::format("DCP metadata '{}'", origin);
   options.file = origin;
   const PickleRef root = unpickle(bytes, options);
-  return Converter(origin).convert(*root);
+  return Converter(origin, bytes.size()).convert(*root);
 }
 
 }  // namespace stowage::dcp::detail

@@ -33,7 +33,10 @@ struct TorchDcpMetadata {
 // for anything else than DCP's metadata classes of torch 2.3 to 2.11: a global outside
 // the allow-list (docs/FORMAT.md), a wrong type, a chunk outside its tensor or chunks
 // that do not tile it, a data file name that is not a plain name, a tensor chunk or a
-// value without a storage location.
+// value without a storage location, a global size whose bytes overflow int64, more than
+// 65,536 chunks in an entry, or names and sizes shared from so many places that copying
+// them would take more than 32 times the input's size plus 16 MiB. The unpickler's
+// budget (restricted_unpickler.h) bounds the rest of the memory by the input's size.
 TorchDcpMetadata decode_torch_dcp_metadata(std::string_view bytes, const std::string& origin);
 
 // Whether `name` is what torch writes for a dtype (torch.float32's pickle name is

@@ -16,6 +16,22 @@ namespace {
 
 // Name of PyTorch DCP's metadata file; its presence commits the checkpoint.
 constexpr const char* kTorchDcpMetadataFileName = ".metadata";
+// A larger `.metadata` is refused before it is read (DCP writes about 300 bytes a chunk).
+constexpr int64_t kMaxTorchDcpMetadataBytes = int64_t(256) << 20;
+
+// The whole `.metadata`, refused by its size first.
+std::string read_torch_dcp_metadata(Env& env, const std::string& path) {
+  const std::unique_ptr<ReadableFile> file = env.open_for_reading(path);
+  const int64_t size = file->size();
+  if (size > kMaxTorchDcpMetadataBytes) {
+    throw CorruptionError(fmt::format("DCP metadata '{}': it has {} bytes, more than the {} this reader accepts", path,
+                                      size, kMaxTorchDcpMetadataBytes),
+                          "", path);
+  }
+  std::string bytes(static_cast<size_t>(size), '\0');
+  file->read_at(bytes.data(), size, 0);
+  return bytes;
+}
 
 }  // namespace
 
@@ -51,7 +67,7 @@ Metadata TorchDcpReader::read_metadata() {
                   metadata_path, "open", ENOENT);
   }
   detail::TorchDcpMetadata decoded =
-      detail::decode_torch_dcp_metadata(detail::read_text_file(*env_, metadata_path), metadata_path);
+      detail::decode_torch_dcp_metadata(read_torch_dcp_metadata(*env_, metadata_path), metadata_path);
   Metadata& metadata = decoded.metadata;
 
   // Every location lies inside its file, and a tensor's archive is at least as long as
@@ -90,8 +106,15 @@ Metadata TorchDcpReader::read_metadata() {
   };
   for (const EntryMetadata& entry : metadata.entries) {
     for (const TensorChunk& chunk : entry.chunks) {
-      check_location(entry.fqn, chunk.location,
-                     detail::checked_volume(chunk.box.sizes, entry.fqn) * element_size(entry.dtype));
+      int64_t payload = 0;
+      try {
+        payload = detail::checked_bytes(chunk.box.sizes, entry.dtype, fmt::format("entry '{}'", entry.fqn));
+      } catch (const Error& e) {
+        throw CorruptionError(fmt::format("DCP checkpoint '{}': its chunk in '{}' at offset {}: {}", path_,
+                                          chunk.location.file, chunk.location.offset, e.what()),
+                              entry.fqn, detail::join_path(path_, chunk.location.file), chunk.location.offset);
+      }
+      check_location(entry.fqn, chunk.location, payload);
     }
   }
   for (const detail::TorchDcpValueItem& item : decoded.values) {
@@ -120,10 +143,17 @@ void TorchDcpReader::read_data(std::vector<ChunkRead>& reads) {
       fits = region.offsets[d] >= 0 && region.sizes[d] >= 0 && region.offsets[d] <= chunk.box.sizes[d] &&
              region.sizes[d] <= chunk.box.sizes[d] - region.offsets[d];
     }
+    int64_t region_bytes = -1;
+    if (fits) {
+      try {
+        region_bytes = detail::checked_bytes(region.sizes, entry.dtype, entry.fqn);
+      } catch (const Error&) {
+        fits = false;  // cannot happen for a region inside a chunk read_metadata() checked
+      }
+    }
     const at::Tensor& buffer = read.buffer;
     if (!fits || !buffer.defined() || !buffer.device().is_cpu() || !buffer.is_contiguous() ||
-        buffer.nbytes() !=
-            static_cast<size_t>(detail::checked_volume(region.sizes, entry.fqn) * element_size(entry.dtype))) {
+        buffer.nbytes() != static_cast<size_t>(region_bytes)) {
       throw InvalidArgument(
           fmt::format("{}: entry '{}': the read buffer or region does not match the chunk", context, entry.fqn));
     }

@@ -235,6 +235,18 @@ void TorchSaveArchive::read_record(const std::string& name, const Record& record
 }
 
 std::string TorchSaveArchive::read_pickle() const {
+  // torch.save writes "little" on little-endian machines (and nothing before torch 1.13):
+  // the records' bytes are read as they are, so any other byte order is refused.
+  if (const auto it = records_.find("byteorder"); it != records_.end()) {
+    const Record& byteorder = it->second;
+    std::string order(static_cast<size_t>(std::min<int64_t>(byteorder.size, 16)), '\0');
+    if (byteorder.size <= 16) read_record("byteorder", byteorder, order.data());
+    if (byteorder.size > 16 || order != "little") {
+      fail(fmt::format("record '{}byteorder' says '{}', not 'little'", prefix_,
+                       byteorder.size > 16 ? "(" + std::to_string(byteorder.size) + " bytes)" : order),
+           byteorder.data_offset);
+    }
+  }
   const Record& pickle = record("data.pkl");
   if (pickle.size > kMaxPickleBytes) {
     fail(fmt::format("its data.pkl has {} bytes, more than the {} this reader accepts", pickle.size, kMaxPickleBytes),
@@ -250,7 +262,7 @@ namespace {
 // A value of stowage's value model (docs/FORMAT.md), or an Error naming the entry.
 class ValueConverter {
  public:
-  explicit ValueConverter(const std::string& where) : where_(where) {}
+  explicit ValueConverter(std::string where) : where_(std::move(where)) {}
 
   c10::IValue value(const PickleValue& v) const {
     if (v.is(Kind::kList) || v.is(Kind::kTuple)) return list(v);
@@ -301,7 +313,7 @@ class ValueConverter {
     return out;
   }
 
-  const std::string& where_;
+  std::string where_;
 };
 
 // _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad, hooks[, metadata])
@@ -332,23 +344,44 @@ bool tensor_layout(const PickleValue& v, TensorLayout* out) {
   return true;
 }
 
-// The storage holds every element the layout reaches: [offset, offset + sum((size-1) *
-// stride)] inside [0, numel), computed without overflow.
-bool layout_fits_storage(const TensorLayout& layout) {
-  if (layout.sizes.size() != layout.strides.size() || layout.storage_offset < 0 || layout.storage_numel < 0) {
-    return false;
+// Why the layout does not fit its storage of `element_bytes` elements, or "" when the
+// storage holds every element it reaches: [offset, offset + sum((size-1) * stride)]
+// inside [0, numel), and every stride and the offset count in bytes without overflow.
+// Every dimension is checked, even when an earlier one is empty.
+std::string layout_misfit(const TensorLayout& layout, int64_t element_bytes) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  if (layout.sizes.size() != layout.strides.size()) {
+    return fmt::format("{} sizes but {} strides", layout.sizes.size(), layout.strides.size());
+  }
+  if (layout.storage_numel < 0) return fmt::format("a negative storage size {}", layout.storage_numel);
+  if (layout.storage_offset < 0 || layout.storage_offset > kMax / element_bytes) {
+    return fmt::format("storage offset {} is negative or overflows", layout.storage_offset);
+  }
+  bool empty = false;
+  for (size_t d = 0; d < layout.sizes.size(); ++d) {
+    if (layout.sizes[d] < 0) return fmt::format("size {} of dimension {} is negative", layout.sizes[d], d);
+    if (layout.strides[d] < 0 || layout.strides[d] > kMax / element_bytes) {
+      return fmt::format("stride {} of dimension {} is negative or overflows", layout.strides[d], d);
+    }
+    empty = empty || layout.sizes[d] == 0;
+  }
+  if (empty) {  // no elements: only the offset must lie in the storage
+    if (layout.storage_offset > layout.storage_numel) {
+      return fmt::format("storage offset {} lies past its {} elements", layout.storage_offset, layout.storage_numel);
+    }
+    return "";
   }
   int64_t last = layout.storage_offset;
   for (size_t d = 0; d < layout.sizes.size(); ++d) {
-    if (layout.sizes[d] < 0 || layout.strides[d] < 0) return false;
-    if (layout.sizes[d] == 0) return true;  // no elements
-    if (layout.strides[d] != 0 &&
-        layout.sizes[d] - 1 > (std::numeric_limits<int64_t>::max() - last) / layout.strides[d]) {
-      return false;
+    if (layout.strides[d] != 0 && layout.sizes[d] - 1 > (kMax - last) / layout.strides[d]) {
+      return fmt::format("the elements of dimension {} reach beyond any storage", d);
     }
     last += (layout.sizes[d] - 1) * layout.strides[d];
   }
-  return last < layout.storage_numel;
+  if (last >= layout.storage_numel) {
+    return fmt::format("element {} lies past its {} elements", last, layout.storage_numel);
+  }
+  return "";
 }
 
 }  // namespace
@@ -370,7 +403,7 @@ void TorchSaveArchive::read_tensor(c10::ScalarType dtype, const std::vector<int6
   static const std::vector<AllowedGlobal> globals = tensor_globals();
   const Record& pickle = record("data.pkl");
   UnpicklerOptions options;
-  options.globals = globals;
+  options.globals = &globals;
   options.allow_persistent_ids = true;
   options.origin =
       fmt::format("{}: entry '{}': data file '{}': record '{}data.pkl'", context_, entry_, file_.path(), prefix_);
@@ -387,10 +420,14 @@ void TorchSaveArchive::read_tensor(c10::ScalarType dtype, const std::vector<int6
   }
   const int64_t element_bytes = element_size(dtype);
   const Record& storage = record("data/" + layout.storage_key);
-  if (!layout_fits_storage(layout) || layout.storage_numel > storage.size / element_bytes ||
-      layout.storage_numel * element_bytes != storage.size) {
-    fail(fmt::format("its tensor's layout (offset {}, strides [{}]) does not fit its storage of {} bytes",
-                     layout.storage_offset, fmt::join(layout.strides, ", "), storage.size),
+  std::string misfit = layout_misfit(layout, element_bytes);
+  if (misfit.empty() &&
+      (layout.storage_numel > storage.size / element_bytes || layout.storage_numel * element_bytes != storage.size)) {
+    misfit = fmt::format("its {} elements are not the record's bytes", layout.storage_numel);
+  }
+  if (!misfit.empty()) {
+    fail(fmt::format("its tensor's layout (offset {}, strides [{}]) does not fit its storage of {} bytes: {}",
+                     layout.storage_offset, fmt::join(layout.strides, ", "), storage.size, misfit),
          storage.data_offset);
   }
   at::Tensor bytes = at::empty({storage.size}, at::kByte);

@@ -3,6 +3,7 @@
 // refusing hostile or corrupt ones by name without touching the destination.
 
 #include "dcp/restricted_unpickler.h"
+#include "dcp/torch_save_archive.h"
 #include "dcp/test_util.h"
 
 #include <stowage/dcp/dcp.h>
@@ -292,7 +293,155 @@ TEST(TorchDcpReaderHostile, LengthsBeyondTheInputAreRefusedBeforeAllocating) {
                                                           "abc."));
   expect_refused<CorruptionError>(dir, "runs past the end");
   write_file(dir + "/.metadata", read_file(kFixtures + "/two_ranks/.metadata").substr(0, 600));  // truncated
-  expect_refused<CorruptionError>(dir, ".metadata");
+  const CorruptionError e = expect_refused<CorruptionError>(dir, "runs past the end");
+  EXPECT_EQ(e.file(), dir + "/.metadata");
+}
+
+TEST(TorchDcpReaderHostile, OversizedMetadataIsRefusedByItsSize) {
+  ScratchDir scratch;
+  const std::string dir = copy_fixture(scratch, "two_ranks");
+  std::filesystem::resize_file(dir + "/.metadata", (uintmax_t(256) << 20) + 1);  // sparse: nothing is written
+  const CorruptionError e = expect_refused<CorruptionError>(dir, "it has 268435457 bytes, more than the 268435456");
+  EXPECT_EQ(e.file(), dir + "/.metadata");
+}
+
+// A global size whose bytes overflow int64 ([2^60, 4] float32) is refused while the
+// metadata is read, naming the entry, before anything is allocated for it.
+TEST(TorchDcpReaderHostile, GlobalSizeBeyondAnyByteCountNamesTheEntry) {
+  ScratchDir scratch;
+  const std::string dir = copy_fixture(scratch, "two_ranks");
+  // torch.Size((5, 4)) of 'sharded' becomes ((2**60, 4)): LONG1 of 8 bytes.
+  patch_file(dir + "/.metadata", bytes_of("K\x05K\x04\x86"),
+             bytes_of("\x8a\x08\x00\x00\x00\x00\x00\x00\x00\x10K\x04\x86"));
+  TorchDcpReader reader(dir);
+  try {
+    reader.read_metadata();
+    FAIL() << "no error";
+  } catch (const CorruptionError& e) {
+    EXPECT_EQ(e.entry(), "sharded");
+    EXPECT_EQ(e.file(), dir + "/.metadata");
+    EXPECT_NE(std::string(e.what()).find("overflow a byte count"), std::string::npos) << e.what();
+  }
+}
+
+// ------------------------------------------------------------------ hand-built archives
+
+void append_le(std::string& out, uint64_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) out += static_cast<char>((value >> (8 * i)) & 0xff);
+}
+
+// A zip archive of stored records, as torch.save writes (without its zip64 records).
+std::string zip_of(const std::vector<std::pair<std::string, std::string>>& records) {
+  std::string out, directory;
+  for (const auto& [name, bytes] : records) {
+    const uint32_t crc = detail::crc32(bytes.data(), bytes.size());
+    const size_t local = out.size();
+    append_le(out, 0x04034b50, 4);
+    append_le(out, 20, 2);  // version needed
+    append_le(out, 0, 2);   // flags
+    append_le(out, 0, 2);   // stored
+    append_le(out, 0, 4);   // time, date
+    append_le(out, crc, 4);
+    append_le(out, bytes.size(), 4);
+    append_le(out, bytes.size(), 4);
+    append_le(out, name.size(), 2);
+    append_le(out, 0, 2);  // extra
+    out += name + bytes;
+    append_le(directory, 0x02014b50, 4);
+    append_le(directory, 20, 2);  // made by
+    append_le(directory, 20, 2);  // needed
+    append_le(directory, 0, 2);   // flags
+    append_le(directory, 0, 2);   // stored
+    append_le(directory, 0, 4);   // time, date
+    append_le(directory, crc, 4);
+    append_le(directory, bytes.size(), 4);
+    append_le(directory, bytes.size(), 4);
+    append_le(directory, name.size(), 2);
+    append_le(directory, 0, 6);  // extra, comment, disk
+    append_le(directory, 0, 6);  // attributes
+    append_le(directory, local, 4);
+    directory += name;
+  }
+  const size_t directory_at = out.size();
+  out += directory;
+  append_le(out, 0x06054b50, 4);
+  append_le(out, 0, 4);  // disks
+  append_le(out, records.size(), 2);
+  append_le(out, records.size(), 2);
+  append_le(out, directory.size(), 4);
+  append_le(out, directory_at, 4);
+  append_le(out, 0, 2);  // comment
+  return out;
+}
+
+std::string long1(int64_t value) {
+  std::string out = bytes_of("\x8a\x08");
+  append_le(out, static_cast<uint64_t>(value), 8);
+  return out;
+}
+
+// data.pkl of torch._utils._rebuild_tensor_v2 over a FloatStorage of 3 elements (key
+// "0"), its offset, sizes and strides each pickled ints.
+std::string tensor_pickle(const std::string& offset, const std::string& sizes, const std::string& strides) {
+  return bytes_of(
+             "\x80\x02"
+             "ctorch._utils\n_rebuild_tensor_v2\n((X\x07\x00\x00\x00storage"
+             "ctorch\nFloatStorage\nX\x01\x00\x00\x00"
+             "0X\x03\x00\x00\x00"
+             "cpuK\x03tQ") +
+         offset + "(" + sizes + "t(" + strides + "t" + bytes_of("\x89Nt") + "R.";
+}
+
+// Reads the [0, 3] float tensor of the archive of `records` (prefix "archive/").
+void read_empty_tensor(const ScratchDir& scratch, const std::vector<std::pair<std::string, std::string>>& records) {
+  const std::string path = scratch.sub("item");
+  write_file(path, zip_of(records));
+  const std::unique_ptr<ReadableFile> file = Env::posix()->open_for_reading(path);
+  detail::TorchSaveArchive archive(*file, 0, file->size(), "t", "test");
+  archive.read_tensor(c10::kFloat, {0, 3}, ChunkBox{{0, 0}, {0, 3}}, at::empty({0, 3}));
+}
+
+TEST(TorchDcpReaderHostile, EveryDimensionOfAnEmptyTensorsLayoutIsChecked) {
+  ScratchDir scratch;
+  const std::string storage(12, '\0');
+  const std::string k0 = bytes_of("K\x00"), k1 = bytes_of("K\x01"), k3 = bytes_of("K\x03");
+  read_empty_tensor(scratch, {{"archive/data.pkl", tensor_pickle(k0, k0 + k3, k3 + k1)}, {"archive/data/0", storage}});
+  for (const auto& [pickle, culprit] : std::vector<std::pair<std::string, std::string>>{
+           {tensor_pickle(long1(int64_t(1) << 62), k0 + k3, k3 + k1), "storage offset 4611686018427387904"},
+           {tensor_pickle(bytes_of("K\x04"), k0 + k3, k3 + k1), "storage offset 4 lies past"},
+           {tensor_pickle(k0, k0 + k3, long1(int64_t(1) << 62) + k1), "stride 4611686018427387904 of dimension 0"},
+           {tensor_pickle(k0, k0 + k3, k3 + long1(-1)), "stride -1 of dimension 1"},
+       }) {
+    SCOPED_TRACE(culprit);
+    try {
+      read_empty_tensor(scratch, {{"archive/data.pkl", pickle}, {"archive/data/0", storage}});
+      ADD_FAILURE() << "no error";
+    } catch (const CorruptionError& e) {
+      EXPECT_NE(std::string(e.what()).find(culprit), std::string::npos) << e.what();
+      EXPECT_EQ(e.entry(), "t");
+      EXPECT_EQ(e.file(), scratch.sub("item"));
+      EXPECT_GE(e.offset(), 0);
+    }
+  }
+}
+
+TEST(TorchDcpReaderHostile, OnlyLittleEndianArchivesAreRead) {
+  ScratchDir scratch;
+  const std::string k0 = bytes_of("K\x00"), k1 = bytes_of("K\x01"), k3 = bytes_of("K\x03");
+  const std::string pickle = tensor_pickle(k0, k0 + k3, k3 + k1);
+  read_empty_tensor(
+      scratch,
+      {{"archive/data.pkl", pickle}, {"archive/byteorder", "little"}, {"archive/data/0", std::string(12, '\0')}});
+  try {
+    read_empty_tensor(
+        scratch,
+        {{"archive/data.pkl", pickle}, {"archive/byteorder", "big"}, {"archive/data/0", std::string(12, '\0')}});
+    FAIL() << "no error";
+  } catch (const CorruptionError& e) {
+    EXPECT_NE(std::string(e.what()).find("record 'archive/byteorder' says 'big', not 'little'"), std::string::npos)
+        << e.what();
+    EXPECT_EQ(e.entry(), "t");
+  }
 }
 
 TEST(TorchDcpReaderHostile, ChunkOutsideItsTensorNamesTheEntry) {
@@ -408,6 +557,53 @@ TEST(TorchDcpUnpickler, RefusesCyclesAndDeepNesting) {
                            "a0."));
             }).find("changed after"),
             std::string::npos);
+}
+
+// Each value built counts against the budget, so that memory stays a bounded multiple
+// of the input's size.
+TEST(TorchDcpUnpickler, RefusesMoreValuesThanItsBudget) {
+  detail::UnpicklerOptions options;
+  options.origin = "test pickle";
+  options.max_values = 100;
+  std::string many = bytes_of("\x80\x04(");
+  for (int i = 0; i < 1000; ++i) many += '}';  // EMPTY_DICT
+  many += "l.";
+  EXPECT_NE(error_of([&] { detail::unpickle(many, options); }).find("it builds more than 100 values"),
+            std::string::npos);
+  // Arguments copied out of a memoized tuple count too: (1, 2) is applied 60 times.
+  static const std::vector<detail::AllowedGlobal> globals = {{"torch", "Size", detail::GlobalUse::kCallable}};
+  options.globals = &globals;
+  std::string calls = bytes_of("\x80\x04(\x8c\x05torch\x8c\x04Size\x93\x94K\x01K\x02\x86\x94R");
+  for (int i = 0; i < 60; ++i) calls += bytes_of("h\x00h\x01R");
+  calls += "l.";
+  EXPECT_NE(error_of([&] { detail::unpickle(calls, options); }).find("it builds more than 100 values"),
+            std::string::npos);
+  options.max_values = -1;  // the default: one a byte, and more
+  EXPECT_EQ(error_of([&] { detail::unpickle(many, options); }), "no error");
+  EXPECT_EQ(error_of([&] { detail::unpickle(calls, options); }), "no error");
+}
+
+// REDUCE copies its arguments: a memoized argument tuple fetched again is intact.
+TEST(TorchDcpUnpickler, ReduceLeavesAMemoizedArgumentTupleIntact) {
+  static const std::vector<detail::AllowedGlobal> globals = {{"torch", "Size", detail::GlobalUse::kCallable}};
+  detail::UnpicklerOptions options;
+  options.origin = "test pickle";
+  options.globals = &globals;
+  // (torch.Size((1, 2)), (1, 2)) with the tuple memoized and fetched by BINGET.
+  const detail::PickleRef value = detail::unpickle(bytes_of("\x80\x04\x8c\x05torch\x8c\x04Size\x93K\x01K\x02\x86\x94R"
+                                                            "h\x00\x86."),
+                                                   options);
+  ASSERT_TRUE(value->is(detail::PickleValue::Kind::kTuple));
+  ASSERT_EQ(value->items.size(), 2u);
+  const detail::PickleValue& call = *value->items[0];
+  ASSERT_TRUE(call.is(detail::PickleValue::Kind::kCall));
+  ASSERT_EQ(call.items.size(), 2u);
+  EXPECT_EQ(call.items[1]->integer, 2);
+  const detail::PickleValue& args = *value->items[1];
+  ASSERT_TRUE(args.is(detail::PickleValue::Kind::kTuple));
+  ASSERT_EQ(args.items.size(), 2u);
+  EXPECT_EQ(args.items[0]->integer, 1);
+  EXPECT_EQ(args.items[1]->integer, 2);
 }
 
 TEST(TorchDcpUnpickler, RefusesTrailingBytesAndMissingMemo) {
