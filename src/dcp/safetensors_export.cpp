@@ -29,17 +29,13 @@ struct Shard {
   int64_t bytes = 0;
 };
 
-bool has_suffix(const std::string& text, const std::string& suffix) {
-  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // Hugging Face's greedy split: entries in order, a new shard whenever the next tensor
 // would overflow a shard that holds something already.
 std::vector<Shard> plan_shards(const std::vector<const EntryMetadata*>& tensors, const std::string& out,
                                int64_t max_shard_bytes) {
   std::vector<Shard> shards(1);
   for (const EntryMetadata* entry : tensors) {
-    const int64_t bytes = detail::checked_volume(entry->shape, entry->fqn) * element_size(entry->dtype);
+    const int64_t bytes = detail::checked_bytes(entry->shape, entry->dtype, entry->fqn);
     if (!shards.back().entries.empty() && shards.back().bytes + bytes > max_shard_bytes) shards.emplace_back();
     shards.back().entries.push_back(entry);
     shards.back().bytes += bytes;
@@ -152,7 +148,7 @@ class PendingFiles {
   void remove_quietly(const std::string& path) {
     try {
       if (env_.file_type(path) != FileType::kAbsent) env_.remove_file(path);
-    } catch (const Error&) {
+    } catch (...) {
       // Best effort: the export already failed with the error that matters.
     }
   }
@@ -166,7 +162,7 @@ class PendingFiles {
 
 SafetensorsExportResult export_safetensors(StorageReader& reader, const std::string& out,
                                            const SafetensorsExportOptions& options) {
-  if (!has_suffix(out, kSuffix) || fs::path(out).filename() == kSuffix) {
+  if (!detail::ends_with(out, kSuffix) || fs::path(out).filename() == kSuffix) {
     throw InvalidArgument(fmt::format("the safetensors output '{}' must be a file name ending in '{}'", out, kSuffix));
   }
   if (options.max_shard_bytes() < 1) {
@@ -184,6 +180,10 @@ SafetensorsExportResult export_safetensors(StorageReader& reader, const std::str
       continue;
     }
     detail::safetensors_dtype_code(entry.dtype, entry.fqn);  // refuses what safetensors cannot hold, before writing
+    if (entry.fqn.substr(prefix.size()) == "__metadata__") {
+      throw InvalidArgument(
+          fmt::format("entry '{}' would be named __metadata__, which safetensors reserves", entry.fqn));
+    }
     tensors.push_back(&entry);
   }
   if (tensors.empty() && values.empty()) {

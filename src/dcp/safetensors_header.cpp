@@ -42,9 +42,8 @@ size_t rank_of(c10::ScalarType dtype) {
 }
 
 // Codes safetensors defines that no checkpoint dtype matches.
-constexpr std::array<const char*, 12> kCodesWithoutDtype = {"U16",     "U32",     "U64",         "F8_E5M2",
-                                                            "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ",
-                                                            "F4",      "F6_E2M3", "F6_E3M2",     "C128"};
+constexpr std::array<const char*, 11> kCodesWithoutDtype = {
+    "U16", "U32", "U64", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F4", "F6_E2M3", "F6_E3M2"};
 
 // A JSON parse that refuses a name repeated within one object, which nlohmann would
 // silently resolve to its last occurrence.
@@ -106,7 +105,7 @@ SafetensorsTensor decode_tensor(const std::string& name, const json& info, const
   const std::string what = fmt::format("safetensors file '{}': tensor '{}'", file, name);
   int64_t bytes = 0;
   try {
-    bytes = checked_volume(tensor.shape, what) * element_size(tensor.dtype);
+    bytes = checked_bytes(tensor.shape, tensor.dtype, what);
   } catch (const Error& e) {
     throw CorruptionError(e.what(), name, file, 8);
   }
@@ -162,7 +161,7 @@ std::string encode_safetensors_header(std::vector<SafetensorsTensor>& tensors,
   int64_t offset = 0;
   for (SafetensorsTensor& tensor : tensors) {
     tensor.begin = offset;
-    tensor.end = offset + checked_volume(tensor.shape, tensor.name) * element_size(tensor.dtype);
+    tensor.end = offset + checked_bytes(tensor.shape, tensor.dtype, tensor.name);
     offset = tensor.end;
     header[tensor.name] = {{"dtype", safetensors_dtype_code(tensor.dtype, tensor.name)},
                            {"shape", tensor.shape},
@@ -207,6 +206,7 @@ SafetensorsHeader decode_safetensors_header(const ReadableFile& file) {
   }
   SafetensorsHeader header;
   header.data_start = 8 + static_cast<int64_t>(length);
+  header.file_size = file_size;
   for (const auto& [name, info] : document.items()) {
     if (name != "__metadata__") {
       header.tensors.push_back(decode_tensor(name, info, path));

@@ -34,6 +34,7 @@ struct SafetensorsHeader {
   std::vector<SafetensorsTensor> tensors;
   std::map<std::string, std::string> metadata;  // __metadata__
   int64_t data_start = 0;                       // 8 + N: the file offset of data byte 0
+  int64_t file_size = 0;                        // as validated: data_start + the tensors' bytes
 };
 
 // The safetensors code of `dtype` ("F32", "BF16", ...); InvalidArgument naming `entry`

@@ -31,11 +31,6 @@ struct SourceFile {
   std::unique_ptr<MappedRegion> mapping;
 };
 
-bool is_index(const std::string& source) {
-  const std::string suffix = ".json";
-  return source.size() >= suffix.size() && source.compare(source.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // The index's weight map (tensor name to shard file name), each shard a plain name in
 // the index's directory.
 std::map<std::string, std::string> read_weight_map(Env& env, const std::string& index) {
@@ -74,7 +69,7 @@ std::vector<SourceFile> open_sources(Env& env, const std::string& source) {
     opened.header = detail::decode_safetensors_header(*opened.file);
     sources.push_back(std::move(opened));
   };
-  if (!is_index(source)) {
+  if (!detail::ends_with(source, ".json")) {
     open(source);
     return sources;
   }
@@ -112,7 +107,8 @@ std::vector<SourceFile> open_sources(Env& env, const std::string& source) {
 // pages as it writes them) and the values in __metadata__.
 void add_entries(SourceFile& source, StateDict& state, SafetensorsImportResult& result) {
   const std::string& path = source.file->path();
-  source.mapping = source.file->map(source.file->size());
+  // What was validated: a file that shrank since fails here, one that grew is read as it was.
+  source.mapping = source.file->map(source.header.file_size);
   for (const detail::SafetensorsTensor& tensor : source.header.tensors) {
     if (state.contains(tensor.name)) {
       throw CorruptionError(

@@ -166,6 +166,14 @@ TEST(DcpSafetensors, APrefixSelectsEntriesAndIsRemovedFromTheirNames) {
   EXPECT_FALSE(std::filesystem::exists(dir.sub("none.safetensors")));
 }
 
+TEST(DcpSafetensors, ATensorNamedLikeTheHeadersMetadataIsRefused) {
+  ScratchDir dir;
+  save(state_of({{"__metadata__", torch::ones({2})}}), dir.sub("ckpt"));
+  FileSystemReader reader(dir.sub("ckpt"));
+  EXPECT_THROW(export_safetensors(reader, dir.sub("model.safetensors")), InvalidArgument);
+  EXPECT_EQ(list_files(dir.path()), std::vector<std::string>{"ckpt"});
+}
+
 TEST(DcpSafetensors, ExportRefusesAnExistingFileUnlessOverwriting) {
   ScratchDir dir;
   save(state_of({{"w", torch::ones({4})}}), dir.sub("ckpt"));
@@ -267,6 +275,9 @@ TEST(DcpSafetensors, HostileFilesAreRefusedNamingTheCulpritBeforeAnythingIsWritt
       {"negative shape", with_header(R"({"t":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})"), "'shape'"},
       {"range of another size", with_header(R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})"),
        "hold 8 bytes"},
+      // 2^62 + 2 elements of 4 bytes wrap around to 8 bytes in 64 bits.
+      {"bytes beyond 64 bits",
+       with_header(R"({"t":{"dtype":"F32","shape":[4611686018427387906],"data_offsets":[0,8]}})"), "overflow"},
       {"gap", with_header(R"({"t":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})"), "a gap"},
       {"overlap",
        with_header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
