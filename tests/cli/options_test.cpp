@@ -54,6 +54,8 @@ const std::vector<NumericOption> kIntegerOptions = {
     {"bench swap", "--cpu-cache-mib", 0},
     {"bench dcp", "--size-mib", 1},
     {"bench dcp", "--nproc", 1, 64},
+    {"bench interop", "--size-mib", 1},
+    {"bench interop", "--tensors", 1},
     {"launch", "--nproc", 1, 1024, " -- true"},
     {"launch", "--master-port", 0, 65535, " -- true"},
     {"launch", "--grace", 0, 0, " -- true"},
@@ -133,6 +135,21 @@ TEST(Options, TheLearningRateMustBeAPositiveNumber) {
   expect_refused(run_with(lr, "0"), "--lr: 0 is not positive");
   expect_refused(run_with(lr, "-1e-3"), "--lr: -1e-3 is not positive");
   expect_refused(run_with(lr, "inf"), "--lr: inf is not a finite number");
+}
+
+TEST(Options, ShardSizesReadAsHuggingFaceWritesThem) {
+  using stowage::cli::parse_byte_size;
+  EXPECT_EQ(parse_byte_size("5GB"), int64_t(5'000'000'000));
+  EXPECT_EQ(parse_byte_size("5gb"), int64_t(5'000'000'000));
+  EXPECT_EQ(parse_byte_size("512MiB"), int64_t(512) << 20);
+  EXPECT_EQ(parse_byte_size("200KB"), 200'000);
+  EXPECT_EQ(parse_byte_size("4096"), 4096);
+  EXPECT_EQ(parse_byte_size("4096B"), 4096);
+  for (const char* bad : {"", "GB", "0", "0GB", "5 GB", "-5GB", "1.5GB", "5XB", "9223372036854775807KB"}) {
+    EXPECT_EQ(parse_byte_size(bad), std::nullopt) << bad;
+  }
+  const NumericOption shard{"ckpt export", "--max-shard-size", 0, 0, " some-dir --out x.safetensors"};
+  expect_refused(run_with(shard, "5XB"), "5XB is not a positive size such as 5GB, 512MiB or 4096");
 }
 
 }  // namespace

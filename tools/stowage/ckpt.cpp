@@ -28,10 +28,13 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+// The tensor's bytes (what its chunks hold as stowage stores them; PyTorch DCP stores
+// each chunk as a larger torch.save archive).
 int64_t entry_bytes(const dcp::EntryMetadata& entry) {
-  int64_t bytes = 0;
-  for (const auto& chunk : entry.chunks) bytes += chunk.location.length;
-  return bytes;
+  if (entry.kind != dcp::EntryKind::kTensor) return 0;
+  int64_t elements = 1;
+  for (int64_t size : entry.shape) elements *= size;
+  return elements * dcp::element_size(entry.dtype);
 }
 
 int64_t checkpoint_bytes(const dcp::Metadata& metadata) {
@@ -50,10 +53,9 @@ std::string run_dir_of(const std::string& dir) {
 }
 
 // What `ls` says of a committed checkpoint.
-void describe_committed(const std::string& path, json& row) {
-  const std::unique_ptr<dcp::StorageReader> reader = dcp::open_checkpoint(path);
-  const dcp::Metadata metadata = reader->read_metadata();
-  row["format"] = format_of(*reader);
+void describe_committed(dcp::StorageReader& reader, json& row) {
+  const dcp::Metadata metadata = reader.read_metadata();
+  row["format"] = format_of(reader);
   row["entries"] = metadata.entries.size();
   row["bytes"] = checkpoint_bytes(metadata);
   row["ranks"] = metadata.world_size;
@@ -66,21 +68,23 @@ json list_rows(const std::string& dir, bool all) {
   const std::string run_checkpoints = checkpoints_dir(run_dir_of(dir));
   json rows = json::array();
   if (!fs::is_directory(run_checkpoints)) {
-    json row{{"step", nullptr}, {"path", dir}, {"committed", true}};
+    std::unique_ptr<dcp::StorageReader> reader;
     try {
-      describe_committed(dir, row);
+      reader = dcp::open_checkpoint(dir);
     } catch (const IoError& e) {
       if (e.error_number() != ENOENT) throw;
       throw InvalidArgument(
           fmt::format("'{}' is neither a run directory (it has no checkpoints/ folder) nor a checkpoint", dir));
     }
+    json row{{"step", nullptr}, {"path", dir}, {"committed", true}};
+    describe_committed(*reader, row);
     rows.push_back(row);
     return rows;
   }
   for (const auto& checkpoint : dcp::list_checkpoints(run_checkpoints)) {
     if (!checkpoint.committed && !all) continue;
     json row{{"step", checkpoint.step}, {"path", checkpoint.path}, {"committed", checkpoint.committed}};
-    if (checkpoint.committed) describe_committed(checkpoint.path, row);
+    if (checkpoint.committed) describe_committed(*dcp::open_checkpoint(checkpoint.path), row);
     rows.push_back(row);
   }
   return rows;

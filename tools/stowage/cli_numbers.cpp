@@ -61,17 +61,19 @@ CLI::Validator positive_number() {
 }
 
 std::optional<int64_t> parse_byte_size(const std::string& input) {
-  static const std::pair<const char*, int64_t> kUnits[] = {{"KiB", int64_t(1) << 10},
-                                                           {"MiB", int64_t(1) << 20},
-                                                           {"GiB", int64_t(1) << 30},
-                                                           {"TiB", int64_t(1) << 40},
+  // Upper case: units are read in any case, as huggingface_hub reads "5gb".
+  static const std::pair<const char*, int64_t> kUnits[] = {{"KIB", int64_t(1) << 10},
+                                                           {"MIB", int64_t(1) << 20},
+                                                           {"GIB", int64_t(1) << 30},
+                                                           {"TIB", int64_t(1) << 40},
                                                            {"KB", 1'000},
                                                            {"MB", 1'000'000},
                                                            {"GB", 1'000'000'000},
                                                            {"TB", 1'000'000'000'000},
                                                            {"B", 1}};
   const auto digits_end = std::find_if(input.begin(), input.end(), [](unsigned char c) { return !std::isdigit(c); });
-  const std::string unit(digits_end, input.end());
+  std::string unit(digits_end, input.end());
+  for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   int64_t multiplier = unit.empty() ? 1 : 0;
   for (const auto& [name, bytes] : kUnits) {
     if (unit == name) multiplier = bytes;

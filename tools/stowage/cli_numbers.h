@@ -54,8 +54,9 @@ CLI::Validator non_negative_integer() {
 CLI::Validator positive_number();
 
 // A positive number of bytes as Hugging Face writes shard sizes: "5GB" (decimal units
-// KB, MB, GB, TB), "512MiB" (binary units KiB, MiB, GiB, TiB) or a plain count ("4096",
-// "4096B"); nullopt for anything else, zero, or more than int64 holds.
+// KB, MB, GB, TB), "512MiB" (binary units KiB, MiB, GiB, TiB), units in any case, or a
+// plain count ("4096", "4096B"); nullopt for anything else, zero, or more than int64
+// holds.
 std::optional<int64_t> parse_byte_size(const std::string& input);
 // Accepts what parse_byte_size parses.
 CLI::Validator byte_size();
