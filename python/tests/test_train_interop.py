@@ -46,11 +46,16 @@ def test_weights_trained_in_cpp_give_the_same_loss_in_pytorch(stowage_cli, inter
 def test_a_model_pytorch_saved_with_dcp_starts_a_stowage_train_run(stowage_cli, interop_model_loss, tmp_path):
     torch.manual_seed(1)
     model = LanguageModel(context=SEQ_LEN)
+    tokens = batch_of_text(tmp_path / "tokens.bin")
+    # One AdamW step in PyTorch, whose optimizer state is not stowage train's: the run
+    # starts from the model with a fresh optimizer.
+    optimizer = torch.optim.AdamW(model.parameters())
+    batch_loss(model, tokens).backward()
+    optimizer.step()
     checkpoint = tmp_path / "pytorch_dcp"
-    dcp.save({"model": model.state_dict()}, checkpoint_id=checkpoint)
+    dcp.save({"model": model.state_dict(), "optim": optimizer.state_dict()}, checkpoint_id=checkpoint)
 
     # The C++ model reads PyTorch's checkpoint into the same function.
-    tokens = batch_of_text(tmp_path / "tokens.bin")
     cpp_loss = float(run_checked([interop_model_loss, checkpoint, tmp_path / "tokens.bin", BATCH, SEQ_LEN]).stdout)
     with torch.no_grad():
         python_loss = batch_loss(model, tokens).item()

@@ -39,6 +39,18 @@ TEST(Train, ResumedRunEndsBitIdenticalToAnUninterruptedOne) {
   EXPECT_EQ(last_loss(a.output), last_loss(b2.output));
 }
 
+// --resume-from another run's checkpoint continues it as --resume continues its own:
+// model, optimizer, RNG states and data position.
+TEST(Train, ResumingFromAnotherRunsCheckpointEndsBitIdenticalToAnUninterruptedOne) {
+  RunDir straight, first, second;
+  ASSERT_EQ(train(straight, "--steps 8 --ckpt-every 4").status, 0);
+  ASSERT_EQ(train(first, "--steps 4 --ckpt-every 4").status, 0);
+  const auto continued = train(second, "--steps 8 --ckpt-every 4 --resume-from " + step_dir(first, 4));
+  ASSERT_EQ(continued.status, 0) << continued.output;
+  EXPECT_NE(continued.output.find("(model, optimizer and progress) at step 4"), std::string::npos) << continued.output;
+  expect_same_checkpoint(step_dir(straight, 8), step_dir(second, 8));
+}
+
 TEST(Train, PlainOptimizerWithoutRecomputeResumesExactlyToo) {
   RunDir straight, resumed;
   const std::string plain = " --swap-times 0 --recompute-segments 0 --ckpt-every 4";

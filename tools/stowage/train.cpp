@@ -19,7 +19,6 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -334,29 +333,25 @@ class Trainer {
     }
   }
 
-  // Starts from a checkpoint of another run, stowage's or PyTorch DCP's: the model's
-  // weights, and what else of live_state() it holds (the optimizer state in stowage's
-  // layout, the progress) — a checkpoint of the model alone starts at step 0 with a
-  // fresh optimizer.
+  // Starts from a checkpoint of another run, stowage's or PyTorch DCP's. One that
+  // `stowage train` wrote (it holds the progress entries) gives everything live_state()
+  // holds, checked strictly as --resume does; any other gives the model's weights alone,
+  // with a fresh optimizer at step 0 (a PyTorch optimizer's state is not this one's).
   void resume_from(const std::string& path) {
     const std::unique_ptr<dcp::StorageReader> reader = dcp::open_checkpoint(path);
-    const dcp::Metadata metadata = reader->read_metadata();
-    const StateDict live = live_state();
-    StateDict state;
-    for (const std::string key : {"model", "optim", "progress"}) {
-      const bool held =
-          std::any_of(metadata.entries.begin(), metadata.entries.end(),
-                      [&](const dcp::EntryMetadata& entry) { return entry.fqn.rfind(key + ".", 0) == 0; });
-      if (held) state.insert(key, live.at(key));
-    }
-    if (!state.contains("model")) {
-      throw InvalidArgument(fmt::format("--resume-from '{}': the checkpoint holds no model.* entries", path));
+    dcp::Metadata metadata = reader->read_metadata();
+    metadata.index();
+    const bool from_stowage_train = metadata.find("progress.step") != nullptr;
+    StateDict state = live_state();
+    if (!from_stowage_train) {
+      state.erase("optim");
+      state.erase("progress");
     }
     dcp::load(state, *reader, {}, world_.group);
-    if (state.contains("progress")) apply_progress(state.at("progress").toGenericDict());
+    if (from_stowage_train) apply_progress(state.at("progress").toGenericDict());
     if (progress_) {
       progress_->message(fmt::format("started from {} ({}) at step {}", path,
-                                     state.contains("optim") ? "model and optimizer" : "model; a fresh optimizer",
+                                     from_stowage_train ? "model, optimizer and progress" : "model; a fresh optimizer",
                                      step_));
     }
   }
@@ -435,8 +430,8 @@ void add_train_command(CLI::App& app) {
   auto* resume =
       cmd->add_flag("--resume", options->resume, "continue from the run directory's latest committed checkpoint");
   cmd->add_option("--resume-from", options->resume_from,
-                  "start from another checkpoint, stowage's or PyTorch DCP's: its model weights, and its optimizer "
-                  "state and step when it has them in stowage's layout")
+                  "start from another checkpoint: one stowage train wrote gives model, optimizer and step; any "
+                  "other (stowage's or PyTorch DCP's) the model's weights, with a fresh optimizer at step 0")
       ->excludes(resume);
   cmd->add_option("--log-every", options->log_every, "steps between log lines when not on a terminal")
       ->check(positive_integer<int64_t>())
