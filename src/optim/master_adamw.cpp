@@ -74,7 +74,7 @@ at::Tensor MasterAdamW::step(LossClosure closure) {
     loss = closure();
   }
   for (auto& group : param_groups_) {
-    const detail::AdamHyperParams hyper = detail::adam_hyper_params(group.options(), /*decoupled=*/true);
+    const detail::AdamHyperParams hyper = detail::adam_hyper_params(group.options(), /*decoupled_weight_decay=*/true);
     for (auto& param : group.params()) {
       const at::Tensor& grad = param.grad();
       if (!grad.defined()) continue;
