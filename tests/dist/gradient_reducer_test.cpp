@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <tuple>
 #include <vector>
 
 namespace stowage::dist {
@@ -57,7 +58,9 @@ std::vector<at::Tensor> mean_gradients(int64_t ranks, bool skip_last = false) {
 class GradientReducerRanks : public ::testing::TestWithParam<std::tuple<int64_t, bool>> {};
 
 TEST_P(GradientReducerRanks, GradientsBecomeTheMeanOverTheRanks) {
-  const auto [ranks, overlap] = GetParam();
+  // Not a structured binding: the lambda below uses overlap, and C++17 lets no lambda capture one.
+  const int64_t ranks = std::get<0>(GetParam());
+  const bool overlap = std::get<1>(GetParam());
   const std::vector<at::Tensor> expected = mean_gradients(ranks, /*skip_last=*/true);
   std::vector<std::vector<at::Tensor>> params;
   for (int64_t r = 0; r < ranks; ++r) params.push_back(mlp_params());
@@ -117,7 +120,7 @@ TEST(GradientReducer, BadParametersAndOptionsAreRefusedByName) {
   stowage::testing::run_ranks(1, [](const ProcessGroup& group) {
     const at::Tensor leaf = at::ones({4}).requires_grad_();
     try {
-      GradientReducer(std::vector<at::Tensor>{leaf, leaf * 2}, group);
+      const GradientReducer reducer(std::vector<at::Tensor>{leaf, leaf * 2}, group);
       ADD_FAILURE() << "accepted a non-leaf";
     } catch (const InvalidArgument& e) {
       EXPECT_THAT(e.what(), HasSubstr("parameter 1 is not a leaf tensor that requires grad"));
