@@ -6,8 +6,11 @@
 # The compile commands come from a configure-only build folder on Debian's LibTorch,
 # ${STOWAGE_TIDY_BUILD_DIR:-build-tidy}, without the precompiled header (gcc's, which clang
 # can't read). A source checked on its own costs ~20 s of LibTorch headers, so the whole
-# tree is checked as CMake's unity batches (up to 8 sources each, as the build compiles
-# them); the project's headers and sources are checked wherever a batch includes them.
+# tree is checked in CMake's unity batches (up to 8 sources of one target, as the build
+# compiles them). Each batch is written out as its sources' text, one after another, not
+# as #includes of them: clang's static analyzer (clang-analyzer-*) analyzes only the
+# functions of a translation unit's main file. Findings are reported at the source's own
+# file and line; the project's headers are checked wherever a batch includes them.
 # STOWAGE_JOBS clang-tidy processes run at once (default 2).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,9 +28,11 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${torch_args[@
 # with the command of the batch that compiles it (fuzz/ and headers: the library's).
 db=$build/tidy
 mkdir -p "$db"
-python3 - "$root" "$build/compile_commands.json" "$db/compile_commands.json" "$db/files" "$@" <<'EOF'
+rm -rf "$db/batches" "$db/line_map.json"
+mkdir -p "$db/batches"
+python3 - "$root" "$build/compile_commands.json" "$db" "$@" <<'EOF'
 import json, os, re, shlex, sys
-root, source_db, out_db, out_files, named = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+root, source_db, db, named = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 entries = json.load(open(source_db))
 batch_of = {}  # source file -> the entry of the unity batch that includes it
 for entry in entries:
@@ -60,24 +65,55 @@ if named:
         else:
             out.append(single(path, batch_of.get(path) or fallback(path)))
 else:
-    out = list(entries)
+    out = []
+    line_map = {}  # batch file -> [(its first line of a source, the source)]
+    for entry in entries:
+        sources = re.findall(r'^#include "([^"]+)"', open(entry["file"]).read(), re.M)
+        target = os.path.basename(os.path.dirname(os.path.dirname(entry["file"])))[: -len(".dir")]
+        batch = os.path.join(db, "batches", target + "_" + os.path.basename(entry["file"]))
+        text, line, line_map[batch] = "", 1, []
+        for source in sources:
+            body = open(source).read()
+            body += "" if body.endswith("\n") else "\n"
+            line_map[batch].append((line, os.path.realpath(source)))
+            text += body
+            line += body.count("\n")
+        open(batch, "w").write(text)
+        # Quoted #includes are found beside each source, as from the source itself.
+        quote = [a for d in sorted({os.path.dirname(s) for s in sources}) for a in ("-iquote", d)]
+        args = shlex.split(entry["command"])
+        at = args.index(entry["file"])
+        args = args[:at] + quote + [batch] + args[at + 1:]
+        out.append({"directory": entry["directory"], "file": batch, "command": shlex.join(args),
+                    "sources": len(sources)})
+    json.dump(line_map, open(os.path.join(db, "line_map.json"), "w"))
     fuzz = os.path.join(root, "fuzz")
     out += [single(os.path.join(fuzz, f), library) for f in sorted(os.listdir(fuzz)) if f.endswith(".cpp")]
     # The longest batches first, so that no long one starts last.
-    def weight(entry):
-        return len(re.findall(r"^#include", open(entry["file"]).read(), re.M)) if "/Unity/" in entry["file"] else 1
-    out.sort(key=weight, reverse=True)
-json.dump(out, open(out_db, "w"), indent=1)
-open(out_files, "w").write("".join(e["file"] + "\n" for e in out))
+    out.sort(key=lambda entry: entry.pop("sources", 1), reverse=True)
+json.dump(out, open(os.path.join(db, "compile_commands.json"), "w"), indent=1)
+open(os.path.join(db, "files"), "w").write("".join(e["file"] + "\n" for e in out))
 EOF
 
 count=$(wc -l <"$db/files")
 echo "tidy: clang-tidy-14 on $count translation units, ${STOWAGE_JOBS:-2} at a time"
 # Findings in the project's own files only: not LibTorch's, nor other third-party headers.
-# clang-tidy's count of the warnings it hid (LibTorch's) is dropped.
+# clang-tidy's count of the warnings it hid (LibTorch's) is dropped, and a batch's lines
+# are given as its sources' (the line map is absent when files were named).
 if ! tr '\n' '\0' <"$db/files" | xargs -0 -n 1 -P "${STOWAGE_JOBS:-2}" clang-tidy-14 -p "$db" --quiet \
   --header-filter="^$root/(include|src|tools|tests|bench|examples|fuzz)/" \
-  2> >(grep -v '^[0-9]* warnings\? generated\.$' >&2); then
+  2> >(grep -v '^[0-9]* warnings\? generated\.$' >&2) | python3 -u -c '
+import bisect, json, os, re, sys
+path = sys.argv[1]
+line_map = json.load(open(path)) if os.path.exists(path) else {}
+def source_line(match):
+    starts = line_map[match.group(1)]
+    i = bisect.bisect_right([start for start, _ in starts], int(match.group(2))) - 1
+    return "{}:{}:".format(starts[i][1], int(match.group(2)) - starts[i][0] + 1)
+pattern = re.compile("(" + "|".join(map(re.escape, line_map)) + r"):(\d+):") if line_map else None
+for line in sys.stdin:
+    sys.stdout.write(pattern.sub(source_line, line) if pattern else line)
+' "$db/line_map.json"; then
   echo "tidy: findings above (.clang-tidy holds the checks)" >&2
   exit 1
 fi
