@@ -60,11 +60,11 @@ const OptimizerAdapter& master_adamw_adapter() {
 }
 
 MasterAdamW::MasterAdamW(std::vector<torch::optim::OptimizerParamGroup> param_groups,
-                         torch::optim::AdamWOptions defaults)
-    : Optimizer(std::move(param_groups), std::make_unique<torch::optim::AdamWOptions>(std::move(defaults))) {}
+                         const torch::optim::AdamWOptions& defaults)
+    : Optimizer(std::move(param_groups), std::make_unique<torch::optim::AdamWOptions>(defaults)) {}
 
-MasterAdamW::MasterAdamW(std::vector<at::Tensor> params, torch::optim::AdamWOptions defaults)
-    : MasterAdamW({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+MasterAdamW::MasterAdamW(std::vector<at::Tensor> params, const torch::optim::AdamWOptions& defaults)
+    : MasterAdamW({torch::optim::OptimizerParamGroup(std::move(params))}, defaults) {}
 
 at::Tensor MasterAdamW::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
