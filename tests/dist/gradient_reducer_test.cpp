@@ -49,6 +49,7 @@ std::vector<at::Tensor> mean_gradients(int64_t ranks, bool skip_last = false) {
   std::vector<at::Tensor> params = mlp_params();
   for (int64_t rank = 0; rank < ranks; ++rank) mlp_loss(params, rank, skip_last).backward();
   std::vector<at::Tensor> means;
+  means.reserve(params.size());
   for (const at::Tensor& p : params) {
     means.push_back(p.grad().defined() ? p.grad() / static_cast<double>(ranks) : at::zeros_like(p));
   }
@@ -88,6 +89,7 @@ INSTANTIATE_TEST_SUITE_P(RanksAndOverlap, GradientReducerRanks,
 TEST(GradientReducer, BucketsFillUpToTheCapFromTheLastParameter) {
   stowage::testing::run_ranks(1, [](const ProcessGroup& group) {
     std::vector<at::Tensor> params;
+    params.reserve(5);
     for (int i = 0; i < 5; ++i) params.push_back(at::zeros({256 * 1024}, at::kFloat).requires_grad_());  // 1 MiB
     const GradientReducer reducer(params, group, GradientReducerOptions().bucket_cap_mb(2.5));
     EXPECT_THAT(reducer.buckets(), ElementsAre(ElementsAre(4, 3), ElementsAre(2, 1), ElementsAre(0)));
