@@ -11,6 +11,7 @@ packages=(
   e2fsprogs  # mkfs.ext4 for the EIO tests (tests/reliability/io_error_test.cpp)
   python3 python3-venv  # the torch wheel's environment (scripts/python_env.sh)
   clang-format-14  # scripts/format.sh
+  clang-tidy-14  # scripts/tidy.sh
 )
 # The fuzzers of the reliability passes (scripts/fuzz.sh: libFuzzer, ASan, UBSan), unless
 # they are off (STOWAGE_TEST_EXTRA=0, as in scripts/test_debian13.sh's newer Debian).

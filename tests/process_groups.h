@@ -25,7 +25,11 @@ inline int free_port() {
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t length = sizeof(addr);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  // Unbound, the socket's name would be port 0 too.
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return 0;
+  }
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length);
   close(fd);
   return ntohs(addr.sin_port);

@@ -68,6 +68,7 @@ DcpBenchResult run_dcp_bench(const DcpBenchOptions& options) {
 
   {  // The staging limit: memcpy into preallocated, already touched buffers.
     std::vector<at::Tensor> buffers;
+    buffers.reserve(tensors.size());
     for (const at::Tensor& t : tensors) buffers.push_back(memory::allocate_host(t.sizes(), t.scalar_type()));
     const auto copy_all = [&] {
       for (size_t i = 0; i < tensors.size(); ++i)
@@ -339,6 +340,7 @@ DeviceStagingResult run_device_staging_bench(const DcpBenchOptions& options, c10
   r.bytes = numel * 4 * options.tensors;
   {  // The limit: plain copies into preallocated pinned host buffers.
     std::vector<at::Tensor> buffers;
+    buffers.reserve(tensors.size());
     for (const at::Tensor& t : tensors) {
       buffers.push_back(memory::allocate_host(t.sizes(), t.scalar_type(), {/*pin_memory=*/true, false}));
     }

@@ -103,6 +103,7 @@ Metadata run_distributed_save(const std::function<LocalSave()>& prepare, Storage
       if (failures.empty()) {
         try {
           std::vector<SavePlan> plans;
+          plans.reserve(encoded.size());
           for (const std::string& plan : encoded) plans.push_back(detail::decode_save_plan(plan));
           GlobalSavePlan global = create_global_save_plan(std::move(plans));
           global.metadata.save_id = detail::new_save_id();
@@ -143,6 +144,7 @@ Metadata run_distributed_save(const std::function<LocalSave()>& prepare, Storage
       } else {
         try {
           std::vector<std::vector<WriteResult>> results;
+          results.reserve(encoded.size());
           for (const std::string& result : encoded) results.push_back(detail::decode_write_results(result));
           record_write_results(metadata, results);
           writer.finish(metadata);
@@ -191,6 +193,7 @@ namespace {
 // collective of the save: its first step fails with the error.
 class UnavailableWriter final : public StorageWriter {
  public:
+  // NOLINTNEXTLINE(bugprone-throw-keyword-missing): an exception_ptr is no exception to throw (clang-tidy 14 errs)
   explicit UnavailableWriter(std::exception_ptr error) : error_(std::move(error)) {}
   SavePlan prepare_local_plan(SavePlan) override { std::rethrow_exception(error_); }
   std::vector<SavePlan> prepare_global_plan(std::vector<SavePlan>, const Metadata&) override {

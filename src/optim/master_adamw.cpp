@@ -60,10 +60,10 @@ const OptimizerAdapter& master_adamw_adapter() {
 }
 
 MasterAdamW::MasterAdamW(std::vector<torch::optim::OptimizerParamGroup> param_groups,
-                         torch::optim::AdamWOptions defaults)
+                         const torch::optim::AdamWOptions& defaults)
     : Optimizer(std::move(param_groups), std::make_unique<torch::optim::AdamWOptions>(defaults)) {}
 
-MasterAdamW::MasterAdamW(std::vector<at::Tensor> params, torch::optim::AdamWOptions defaults)
+MasterAdamW::MasterAdamW(std::vector<at::Tensor> params, const torch::optim::AdamWOptions& defaults)
     : MasterAdamW({torch::optim::OptimizerParamGroup(std::move(params))}, defaults) {}
 
 at::Tensor MasterAdamW::step(LossClosure closure) {
@@ -74,7 +74,7 @@ at::Tensor MasterAdamW::step(LossClosure closure) {
     loss = closure();
   }
   for (auto& group : param_groups_) {
-    const detail::AdamHyperParams hyper = detail::adam_hyper_params(group.options(), /*decoupled=*/true);
+    const detail::AdamHyperParams hyper = detail::adam_hyper_params(group.options(), /*decoupled_weight_decay=*/true);
     for (auto& param : group.params()) {
       const at::Tensor& grad = param.grad();
       if (!grad.defined()) continue;

@@ -352,7 +352,7 @@ void SwapOptimizer::create_first_step_states() {
   }
 }
 
-at::Tensor SwapOptimizer::step(torch::optim::Optimizer::LossClosure closure) {
+at::Tensor SwapOptimizer::step(const torch::optim::Optimizer::LossClosure& closure) {
   if (closure != nullptr) {
     throw InvalidArgument(
         "Swap optimizer does not support a closure: run the forward and backward pass, then call step().");

@@ -87,7 +87,7 @@ class Pipeline {
     }
   }
 
-  [[noreturn]] void recover(std::exception_ptr cause) {
+  [[noreturn]] void recover(const std::exception_ptr& cause) {
     std::vector<int64_t> redone;
     std::vector<int64_t> kept;
     for (int64_t b = 0; b < batches_.count() && batches_.begin(b) < processed_; ++b) {
@@ -110,7 +110,7 @@ class Pipeline {
                             outcome(redone, kept)));
   }
 
-  static std::string message_of(std::exception_ptr cause) {
+  static std::string message_of(const std::exception_ptr& cause) {
     try {
       std::rethrow_exception(cause);
     } catch (const std::exception& e) {

@@ -36,6 +36,7 @@ std::vector<ParamRange> shard_parameters(const std::vector<at::Tensor>& params, 
         fmt::format("cannot shard {} parameter tensors over {} ranks: every rank needs one", params.size(), ranks));
   }
   std::vector<int64_t> bytes;
+  bytes.reserve(params.size());
   for (const at::Tensor& p : params) bytes.push_back(static_cast<int64_t>(p.nbytes()));
   std::vector<ParamRange> ranges;
   int64_t begin = 0;

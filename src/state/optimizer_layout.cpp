@@ -100,7 +100,7 @@ OptimizerLayout read_optimizer_layout(const StateDict& state, torch::optim::Opti
       throw InvalidArgument(fmt::format("{}: there are only {} parameters", entry_where, layout.params.size()));
     }
     c10::impl::GenericDict fields = require_dict(item.value(), entry_where);
-    layout.entries.push_back({param, std::move(entry_where), std::move(fields)});
+    layout.entries.push_back({param, std::move(entry_where), fields});  // a Dict copies (shares) on move too
   }
   return layout;
 }

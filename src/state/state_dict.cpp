@@ -187,11 +187,11 @@ StateDict::StateDict()
     : dict_(c10::impl::toTypedDict<std::string, c10::IValue>(
           c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()))) {}
 
-StateDict::StateDict(StateDict&& other) : StateDict() {
+StateDict::StateDict(StateDict&& other) noexcept : StateDict() {
   std::swap(dict_, other.dict_);
 }
 
-StateDict& StateDict::operator=(StateDict&& other) {
+StateDict& StateDict::operator=(StateDict&& other) noexcept {
   if (this != &other) {
     dict_ = other.dict_;
     other.dict_ = StateDict().dict_;

@@ -31,6 +31,7 @@ torch::nn::Sequential linear_stack(int64_t width, int64_t depth) {
 
 std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& tensors) {
   std::vector<at::Tensor> grads;
+  grads.reserve(tensors.size());
   for (const auto& t : tensors) {
     grads.push_back(t.grad().defined() ? t.grad().clone() : at::Tensor());
   }
@@ -38,7 +39,7 @@ std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& tensors) {
 }
 
 void reset_grads(const std::vector<at::Tensor>& tensors) {
-  for (auto t : tensors) {
+  for (const auto& t : tensors) {
     t.mutable_grad().reset();
   }
 }
@@ -305,6 +306,7 @@ TEST(Checkpoint, TwoThousandCheckpointsInOneGraph) {
   reset_grads(inputs);
   reset_grads(module->parameters());
   std::vector<at::Tensor> plain;
+  plain.reserve(inputs.size());
   for (const auto& in : inputs) {
     plain.push_back(module->forward(in));
   }

@@ -161,8 +161,8 @@ int64_t step_peak_bytes(const at::Tensor& x, Forward&& forward) {
 // would modify it again in the recomputation: refused, as for checkpoint().
 TEST(CheckpointSequential, ASegmentModifyingItsInputInPlaceIsACheckpointError) {
   torch::manual_seed(0);
-  torch::nn::Sequential model(torch::nn::Functional([](at::Tensor x) { return x.add_(1); }), torch::nn::Linear(6, 6),
-                              torch::nn::Tanh(), torch::nn::Linear(6, 2));
+  torch::nn::Sequential model(torch::nn::Functional([](const at::Tensor& x) { return x.add_(1); }),
+                              torch::nn::Linear(6, 6), torch::nn::Tanh(), torch::nn::Linear(6, 2));
   const at::Tensor original = torch::randn({5, 6});
   at::Tensor input = original.clone();
   try {

@@ -38,7 +38,7 @@ class RunWithACheckpoint {
   const std::string& checkpoint() const { return checkpoint_; }
   // Replaces the file by a FIFO and returns its path.
   std::string fifo_instead_of(const std::string& name) const {
-    const std::string path = checkpoint_ + "/" + name;
+    std::string path = checkpoint_ + "/" + name;  // not const: returned, it moves
     fs::remove(path);
     if (::mkfifo(path.c_str(), 0644) != 0) throw std::runtime_error("mkfifo failed");
     return path;

@@ -436,6 +436,7 @@ TEST(DcpAsyncSave, ClosingTheStagerWhileItsSnapshotIsWrittenKeepsTheSnapshot) {
   }
   // Reuse whatever memory was freed, with other bytes.
   std::vector<at::Tensor> filler;
+  filler.reserve(8);
   for (int i = 0; i < 8; ++i) filler.push_back(memory::allocate_host({256 * 1024}, c10::kFloat).fill_(-7));
   writer.release.open();
   ASSERT_NO_THROW(response.upload_completion.get());

@@ -137,7 +137,7 @@ TEST(DcpCheckpointManager, AFailedSaveIsReportedOnceAndKeepsThePreviousCheckpoin
 TEST(DcpCheckpointManager, NegativeOptionsAreRefusedByName) {
   const ScratchDir dir;
   try {
-    CheckpointManager(dir.path(), CheckpointManagerOptions().keep_last(-1));
+    const CheckpointManager manager(dir.path(), CheckpointManagerOptions().keep_last(-1));
     ADD_FAILURE() << "accepted keep_last -1";
   } catch (const InvalidArgument& e) {
     EXPECT_THAT(e.what(), HasSubstr("keep_last must be >= 0, got -1"));
@@ -149,7 +149,7 @@ TEST(DcpCheckpointManager, ADirectoryItCannotCreateIsAnIoErrorNamingIt) {
   const ScratchDir dir;
   write_file(dir.sub("file"), "not a directory");
   try {
-    CheckpointManager(dir.sub("file/run"));
+    const CheckpointManager manager(dir.sub("file/run"));
     ADD_FAILURE() << "made a checkpoint directory under a file";
   } catch (const IoError& e) {
     EXPECT_EQ(e.path(), dir.sub("file/run"));

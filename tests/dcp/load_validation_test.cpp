@@ -58,6 +58,7 @@ std::shared_ptr<torch::optim::AdamW> adamw_in_groups(torch::nn::Sequential& mode
 
 std::vector<at::Tensor> clones(const std::vector<at::Tensor>& tensors) {
   std::vector<at::Tensor> out;
+  out.reserve(tensors.size());
   for (const at::Tensor& t : tensors) out.push_back(t.detach().clone());
   return out;
 }

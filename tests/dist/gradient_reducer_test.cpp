@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <tuple>
 #include <vector>
 
 namespace stowage::dist {
@@ -48,6 +49,7 @@ std::vector<at::Tensor> mean_gradients(int64_t ranks, bool skip_last = false) {
   std::vector<at::Tensor> params = mlp_params();
   for (int64_t rank = 0; rank < ranks; ++rank) mlp_loss(params, rank, skip_last).backward();
   std::vector<at::Tensor> means;
+  means.reserve(params.size());
   for (const at::Tensor& p : params) {
     means.push_back(p.grad().defined() ? p.grad() / static_cast<double>(ranks) : at::zeros_like(p));
   }
@@ -57,7 +59,9 @@ std::vector<at::Tensor> mean_gradients(int64_t ranks, bool skip_last = false) {
 class GradientReducerRanks : public ::testing::TestWithParam<std::tuple<int64_t, bool>> {};
 
 TEST_P(GradientReducerRanks, GradientsBecomeTheMeanOverTheRanks) {
-  const auto [ranks, overlap] = GetParam();
+  // Not a structured binding: the lambda below uses overlap, and C++17 lets no lambda capture one.
+  const int64_t ranks = std::get<0>(GetParam());
+  const bool overlap = std::get<1>(GetParam());
   const std::vector<at::Tensor> expected = mean_gradients(ranks, /*skip_last=*/true);
   std::vector<std::vector<at::Tensor>> params;
   for (int64_t r = 0; r < ranks; ++r) params.push_back(mlp_params());
@@ -85,6 +89,7 @@ INSTANTIATE_TEST_SUITE_P(RanksAndOverlap, GradientReducerRanks,
 TEST(GradientReducer, BucketsFillUpToTheCapFromTheLastParameter) {
   stowage::testing::run_ranks(1, [](const ProcessGroup& group) {
     std::vector<at::Tensor> params;
+    params.reserve(5);
     for (int i = 0; i < 5; ++i) params.push_back(at::zeros({256 * 1024}, at::kFloat).requires_grad_());  // 1 MiB
     const GradientReducer reducer(params, group, GradientReducerOptions().bucket_cap_mb(2.5));
     EXPECT_THAT(reducer.buckets(), ElementsAre(ElementsAre(4, 3), ElementsAre(2, 1), ElementsAre(0)));
@@ -117,7 +122,7 @@ TEST(GradientReducer, BadParametersAndOptionsAreRefusedByName) {
   stowage::testing::run_ranks(1, [](const ProcessGroup& group) {
     const at::Tensor leaf = at::ones({4}).requires_grad_();
     try {
-      GradientReducer(std::vector<at::Tensor>{leaf, leaf * 2}, group);
+      const GradientReducer reducer(std::vector<at::Tensor>{leaf, leaf * 2}, group);
       ADD_FAILURE() << "accepted a non-leaf";
     } catch (const InvalidArgument& e) {
       EXPECT_THAT(e.what(), HasSubstr("parameter 1 is not a leaf tensor that requires grad"));

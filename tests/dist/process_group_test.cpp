@@ -109,6 +109,7 @@ TEST(DistProcessGroup, CollectivesOfThreeRanks) {
 
 TEST(DistProcessGroup, AnAttachmentIsMadeOnceAndSharedByTheCopiesOfAGroup) {
   const ProcessGroup group = group_of_one();
+  // NOLINTNEXTLINE(performance-unnecessary-copy-initialization): a copy of the group is what this test is about
   const ProcessGroup copy = group;
   int made = 0;
   const auto make = [&made] {

@@ -29,6 +29,7 @@ TEST(Accounting, PeakTracksTheHighestPointAcrossThreads) {
   reset_peak_memory_stats();
   const int64_t base = memory_allocated();
   std::vector<std::thread> threads;
+  threads.reserve(4);
   for (int i = 0; i < 4; ++i) {
     threads.emplace_back([] {
       for (int j = 0; j < 50; ++j) {

@@ -20,6 +20,7 @@ int64_t page() {
 TEST(HostArena, SmallTensorsShareOneArenaEachAlignedAndSeparate) {
   const int64_t before = host_buffer_stats().current_bytes;
   std::vector<HostTensorSpec> specs;
+  specs.reserve(1000);
   for (int i = 0; i < 1000; ++i) specs.push_back({{i % 7, 3}, i % 2 == 0 ? c10::kFloat : c10::kComplexDouble});
   const std::vector<at::Tensor> tensors = allocate_host_tensors(specs, HostAllocOptions{}, int64_t(1) << 20);
   ASSERT_EQ(tensors.size(), specs.size());

@@ -38,6 +38,7 @@ inline std::vector<torch::Tensor> make_params(const Shapes& shapes, torch::Dtype
 
 inline std::vector<torch::Tensor> clone_params(const std::vector<torch::Tensor>& params) {
   std::vector<torch::Tensor> out;
+  out.reserve(params.size());
   for (const auto& p : params) out.push_back(p.detach().clone().requires_grad_());
   return out;
 }

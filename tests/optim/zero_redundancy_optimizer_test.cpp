@@ -32,7 +32,9 @@ using ::testing::HasSubstr;
 const testing::Shapes kZeroShapes = {{16, 8}, {8}, {32, 4}, {4}, {7}, {3, 3}, {40}};
 
 ZeroRedundancyOptimizer::OptimizerFactory decaying_adamw_factory() {
-  return [](std::vector<at::Tensor> share) { return adamw(share, torch::optim::AdamWOptions(1e-2).weight_decay(0.1)); };
+  return [](const std::vector<at::Tensor>& share) {
+    return adamw(share, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  };
 }
 
 // Gradients that depend only on the parameters' values and the step, so every rank
@@ -240,7 +242,7 @@ TEST(ZeroRedundancyOptimizer, BadParametersOrFactoriesAreRefusedByName) {
   std::vector<at::Tensor> mixed = testing::make_params({{4}, {5}});
   mixed[1] = mixed[1].detach().to(at::kDouble).requires_grad_();
   try {
-    ZeroRedundancyOptimizer(mixed, decaying_adamw_factory(), std::nullopt);
+    const ZeroRedundancyOptimizer optimizer(mixed, decaying_adamw_factory(), std::nullopt);
     ADD_FAILURE() << "accepted parameters of two dtypes";
   } catch (const InvalidArgument& e) {
     EXPECT_THAT(e.what(), HasSubstr("parameter 1 is Double"));
@@ -251,7 +253,7 @@ TEST(ZeroRedundancyOptimizer, BadParametersOrFactoriesAreRefusedByName) {
     return adamw(share);
   };
   EXPECT_THROW(ZeroRedundancyOptimizer(params, drops_one, std::nullopt), InvalidArgument);
-  const auto returns_none = [](std::vector<at::Tensor>) { return std::shared_ptr<torch::optim::Optimizer>(); };
+  const auto returns_none = [](const std::vector<at::Tensor>&) { return std::shared_ptr<torch::optim::Optimizer>(); };
   EXPECT_THROW(ZeroRedundancyOptimizer(params, returns_none, std::nullopt), InvalidArgument);
 }
 

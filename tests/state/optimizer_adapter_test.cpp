@@ -29,7 +29,7 @@ class SignDescent : public torch::optim::Optimizer {
  public:
   SignDescent(std::vector<at::Tensor> params, SignDescentOptions defaults)
       : Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
-                  std::make_unique<SignDescentOptions>(defaults)) {}
+                  std::make_unique<SignDescentOptions>(std::move(defaults))) {}
 
   at::Tensor step(LossClosure = nullptr) override {
     torch::NoGradGuard no_grad;
@@ -121,6 +121,7 @@ void sign_descent_steps(torch::optim::Optimizer& optimizer, std::vector<at::Tens
 
 std::vector<at::Tensor> cloned_params(const std::vector<at::Tensor>& params) {
   std::vector<at::Tensor> out;
+  out.reserve(params.size());
   for (const at::Tensor& p : params) out.push_back(p.detach().clone().requires_grad_());
   return out;
 }

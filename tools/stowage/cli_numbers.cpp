@@ -21,8 +21,9 @@ std::string integer_problem(const std::string& input, long long min, unsigned lo
   unsigned long long magnitude = 0;
   const auto parsed = std::from_chars(input.data() + (digits - input.begin()), input.data() + input.size(), magnitude);
   const bool negative = input[0] == '-';
-  const std::string below = fmt::format("{} is below the minimum of {}", input, min);
-  const std::string above = fmt::format("{} is above the maximum of {}", input, max);
+  // Not const: the returns below move them.
+  std::string below = fmt::format("{} is below the minimum of {}", input, min);
+  std::string above = fmt::format("{} is above the maximum of {}", input, max);
   if (parsed.ec == std::errc::result_out_of_range) {
     return negative ? below : above;
   }

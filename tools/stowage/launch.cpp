@@ -73,6 +73,7 @@ int launch_ranks(int nproc, int port, std::chrono::seconds grace, const std::vec
       setenv("MASTER_ADDR", "127.0.0.1", 1);
       setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       std::vector<char*> argv;
+      argv.reserve(command.size() + 1);
       for (const auto& arg : command) argv.push_back(const_cast<char*>(arg.c_str()));
       argv.push_back(nullptr);
       execvp(argv[0], argv.data());

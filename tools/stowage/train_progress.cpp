@@ -72,7 +72,7 @@ std::string fit_progress_line(const std::vector<ProgressField>& fields, int colu
   int max_rank = 0;
   for (const ProgressField& field : fields) max_rank = std::max(max_rank, field.rank);
   for (; max_rank > 0; --max_rank) {
-    const std::string line = join(max_rank);
+    std::string line = join(max_rank);  // not const: returned, it moves
     if (static_cast<int>(line.size()) <= columns) return line;
   }
   return join(0).substr(0, static_cast<size_t>(std::max(columns, 0)));

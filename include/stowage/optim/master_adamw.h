@@ -30,8 +30,8 @@ struct MasterAdamWParamState : public torch::optim::OptimizerCloneableParamState
 class MasterAdamW : public torch::optim::Optimizer {
  public:
   explicit MasterAdamW(std::vector<torch::optim::OptimizerParamGroup> param_groups,
-                       torch::optim::AdamWOptions defaults = {});
-  explicit MasterAdamW(std::vector<at::Tensor> params, torch::optim::AdamWOptions defaults = {});
+                       const torch::optim::AdamWOptions& defaults = {});
+  explicit MasterAdamW(std::vector<at::Tensor> params, const torch::optim::AdamWOptions& defaults = {});
 
   at::Tensor step(LossClosure closure = nullptr) override;
 };

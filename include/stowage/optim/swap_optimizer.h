@@ -81,7 +81,7 @@ class SwapOptimizer final : public Stateful {
 
   // One update of every parameter that has a gradient. A closure is rejected: run the
   // forward and backward pass before step().
-  at::Tensor step(torch::optim::Optimizer::LossClosure closure = nullptr);
+  at::Tensor step(const torch::optim::Optimizer::LossClosure& closure = nullptr);
   void zero_grad();
 
   torch::optim::Optimizer& optimizer() { return *optimizer_; }

@@ -35,9 +35,10 @@ class StateDict {
   StateDict& operator=(const StateDict&) = default;
   // c10::Dict has no move: its "move" copies the shared handle. A moved-from StateDict
   // is empty instead, so that moving one really hands its entries over (e.g. to
-  // another thread) and leaves no reference behind.
-  StateDict(StateDict&& other);
-  StateDict& operator=(StateDict&& other);
+  // another thread) and leaves no reference behind. noexcept, so that containers move
+  // StateDicts rather than copy them (the empty dict's allocation failing terminates).
+  StateDict(StateDict&& other) noexcept;
+  StateDict& operator=(StateDict&& other) noexcept;
   ~StateDict() = default;
   // Shares a dict of string keys and Any values; copies one with narrower value
   // types (e.g. Dict<string, Tensor>) into a new dict. Other keys: InvalidArgument.
