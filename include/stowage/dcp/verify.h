@@ -12,8 +12,8 @@ namespace stowage::dcp {
 
 struct VerifyReport {
   int64_t chunks_verified = 0;  // before the first failure, if any
-  int64_t bytes_verified = 0;  // the tensor bytes of those chunks
-  std::string error;  // the first failure (metadata or chunk), empty if none
+  int64_t bytes_verified = 0;   // the tensor bytes of those chunks
+  std::string error;            // the first failure (metadata or chunk), empty if none
   bool ok() const { return error.empty(); }
 };
 
