@@ -73,6 +73,7 @@ at::Tensor read_tensor(StorageReader& reader, const EntryMetadata& entry) {
 void write_shard(StorageReader& reader, Env& env, const Shard& shard, const std::string& temporary,
                  const std::string& prefix, const std::map<std::string, std::string>& metadata) {
   std::vector<SafetensorsTensor> layout;
+  layout.reserve(shard.entries.size());
   for (const EntryMetadata* entry : shard.entries) {
     layout.push_back({entry->fqn.substr(prefix.size()), entry->dtype, entry->shape});
   }
@@ -81,6 +82,7 @@ void write_shard(StorageReader& reader, Env& env, const Shard& shard, const std:
   std::sort(order.begin(), order.end(),
             [&](size_t a, size_t b) { return detail::written_before(layout[a], layout[b]); });
   std::vector<SafetensorsTensor> ordered;
+  ordered.reserve(order.size());
   for (size_t i : order) ordered.push_back(layout[i]);
   const std::string header = detail::encode_safetensors_header(ordered, metadata);
 

@@ -13,10 +13,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <set>
 
 namespace stowage::dcp {
 namespace {
@@ -76,11 +76,10 @@ std::vector<SourceFile> open_sources(Env& env, const std::string& source) {
   const std::map<std::string, std::string> weight_map = read_weight_map(env, source);
   std::map<std::string, std::string> shard_of;  // what the shards hold
   const fs::path directory = fs::path(source).parent_path();
-  for (const auto& [name, shard] : weight_map) {
-    if (std::any_of(sources.begin(), sources.end(),
-                    [&](const SourceFile& s) { return fs::path(s.file->path()).filename() == shard; })) {
-      continue;
-    }
+  std::set<std::string> opened;
+  for (const auto& listed : weight_map) {
+    const std::string& shard = listed.second;
+    if (!opened.insert(shard).second) continue;
     open((directory / shard).string());
     for (const auto& tensor : sources.back().header.tensors) shard_of[tensor.name] = shard;
   }

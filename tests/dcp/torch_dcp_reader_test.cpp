@@ -9,6 +9,7 @@
 #include <stowage/dcp/dcp.h>
 #include <stowage/error.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -43,7 +44,7 @@ void write_file(const std::string& path, const std::string& bytes) {
 
 // A writable copy of a fixture.
 std::string copy_fixture(const ScratchDir& scratch, const std::string& name) {
-  const std::string to = scratch.sub(name);
+  std::string to = scratch.sub(name);
   std::filesystem::copy(kFixtures + "/" + name, to, std::filesystem::copy_options::recursive);
   return to;
 }
@@ -239,7 +240,7 @@ Exception expect_refused(const std::string& dir, const std::string& culprit) {
 
 // A .metadata of exactly `pickle`, beside the real two-rank data files.
 std::string with_metadata(const ScratchDir& scratch, const std::string& pickle) {
-  const std::string dir = copy_fixture(scratch, "two_ranks");
+  std::string dir = copy_fixture(scratch, "two_ranks");
   write_file(dir + "/.metadata", pickle);
   return dir;
 }
