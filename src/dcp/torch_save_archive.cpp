@@ -386,37 +386,33 @@ std::string layout_misfit(const TensorLayout& layout, int64_t element_bytes) {
 
 }  // namespace
 
-c10::IValue TorchSaveArchive::read_value() const {
-  const Record& pickle = record("data.pkl");
-  UnpicklerOptions options;  // no globals: plain Python values need none
+PickleRef TorchSaveArchive::unpickle_data(const std::vector<AllowedGlobal>* globals, bool allow_persistent_ids) const {
+  UnpicklerOptions options;
+  options.globals = globals;
+  options.allow_persistent_ids = allow_persistent_ids;
   options.origin =
       fmt::format("{}: entry '{}': data file '{}': record '{}data.pkl'", context_, entry_, file_.path(), prefix_);
-  options.base_offset = pickle.data_offset;
+  options.base_offset = record("data.pkl").data_offset;
   options.file = file_.path();
   options.entry = entry_;
-  const PickleRef value = unpickle(read_pickle(), options);
+  return unpickle(read_pickle(), options);
+}
+
+c10::IValue TorchSaveArchive::read_value() const {
+  const PickleRef value = unpickle_data(nullptr, false);  // no globals: plain Python values need none
   return ValueConverter(fmt::format("{}: entry '{}'", context_, entry_)).value(*value);
 }
 
 void TorchSaveArchive::read_tensor(c10::ScalarType dtype, const std::vector<int64_t>& shape, const ChunkBox& region,
                                    const at::Tensor& out) const {
   static const std::vector<AllowedGlobal> globals = tensor_globals();
-  const Record& pickle = record("data.pkl");
-  UnpicklerOptions options;
-  options.globals = &globals;
-  options.allow_persistent_ids = true;
-  options.origin =
-      fmt::format("{}: entry '{}': data file '{}': record '{}data.pkl'", context_, entry_, file_.path(), prefix_);
-  options.base_offset = pickle.data_offset;
-  options.file = file_.path();
-  options.entry = entry_;
-  const PickleRef root = unpickle(read_pickle(), options);
+  const PickleRef root = unpickle_data(&globals, true);
   TensorLayout layout;
   if (!tensor_layout(*root, &layout)) fail(fmt::format("data.pkl holds {}, not a tensor", root->describe()), offset_);
   if (layout.dtype != dtype || layout.sizes != shape) {
     fail(fmt::format("it holds a {} tensor of shape [{}], the metadata says {} [{}]", c10::toString(layout.dtype),
                      fmt::join(layout.sizes, ", "), c10::toString(dtype), fmt::join(shape, ", ")),
-         pickle.data_offset);
+         record("data.pkl").data_offset);
   }
   const int64_t element_bytes = element_size(dtype);
   const Record& storage = record("data/" + layout.storage_key);

@@ -5,6 +5,8 @@
 // the file, read without executing anything. data.pkl goes through the restricted
 // unpickler; every record read is checked against its zip CRC32.
 
+#include "dcp/restricted_unpickler.h"
+
 #include <stowage/dcp/env.h>
 #include <stowage/dcp/metadata.h>
 
@@ -58,6 +60,8 @@ class TorchSaveArchive {
   // The record's bytes into `out` (`size` bytes), checked against its CRC.
   void read_record(const std::string& name, const Record& record, void* out) const;
   std::string read_pickle() const;
+  // data.pkl decoded with these globals (null: none), persistent ids only for a tensor.
+  PickleRef unpickle_data(const std::vector<AllowedGlobal>* globals, bool allow_persistent_ids) const;
 
   const ReadableFile& file_;
   int64_t offset_;
