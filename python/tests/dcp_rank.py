@@ -63,6 +63,7 @@ def main():
     load_resharded(sharded_checkpoint, mesh)
     load_whole_on_every_rank(single_checkpoint)
     print(f"rank {dist.get_rank()}: every value loaded as saved")
+    dist.barrier()  # both ranks leave together: a group torn down under a working peer can abort in Gloo
     dist.destroy_process_group()
 
 
