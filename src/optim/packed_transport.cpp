@@ -2,6 +2,7 @@
 
 #include "optim/swap_pipeline.h"
 
+#include <ATen/ATen.h>
 #include <fmt/format.h>
 
 #include <algorithm>

@@ -1,5 +1,7 @@
 #include "optim/swap_pipeline.h"
 
+#include <ATen/ATen.h>
+
 namespace stowage::optim::detail {
 namespace {
 
