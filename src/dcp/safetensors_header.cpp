@@ -118,7 +118,7 @@ SafetensorsTensor decode_tensor(const std::string& name, const json& info, const
 }
 
 // The ranges, sorted, must follow one another from 0 to the end of the file.
-void check_tiling(std::vector<SafetensorsTensor>& tensors, int64_t data_bytes, const std::string& file) {
+void check_ranges_tile_the_data(std::vector<SafetensorsTensor>& tensors, int64_t data_bytes, const std::string& file) {
   std::sort(tensors.begin(), tensors.end(), [](const SafetensorsTensor& a, const SafetensorsTensor& b) {
     return std::make_pair(a.begin, a.end) < std::make_pair(b.begin, b.end);
   });
@@ -220,7 +220,7 @@ SafetensorsHeader decode_safetensors_header(const ReadableFile& file) {
     }
     header.metadata = info.get<std::map<std::string, std::string>>();
   }
-  check_tiling(header.tensors, file_size - header.data_start, path);
+  check_ranges_tile_the_data(header.tensors, file_size - header.data_start, path);
   return header;
 }
 
