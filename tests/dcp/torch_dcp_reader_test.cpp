@@ -23,7 +23,9 @@ namespace stowage::dcp {
 namespace {
 
 using nlohmann::json;
+using testing::read_file;
 using testing::ScratchDir;
+using testing::write_file;
 
 // The bytes of a literal, NULs included.
 template <size_t N>
@@ -32,15 +34,6 @@ std::string bytes_of(const char (&literal)[N]) {
 }
 
 const std::string kFixtures = std::string(STOWAGE_SOURCE_DIR) + "/tests/dcp/fixtures/torch_dcp";
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void write_file(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-}
 
 // A writable copy of a fixture.
 std::string copy_fixture(const ScratchDir& scratch, const std::string& name) {

@@ -43,8 +43,12 @@ int64_t checkpoint_bytes(const dcp::Metadata& metadata) {
   return bytes;
 }
 
+bool is_pytorch_dcp(const dcp::StorageReader& reader) {
+  return dynamic_cast<const dcp::TorchDcpReader*>(&reader) != nullptr;
+}
+
 const char* format_of(const dcp::StorageReader& reader) {
-  return dynamic_cast<const dcp::TorchDcpReader*>(&reader) != nullptr ? "pytorch-dcp" : "stowage";
+  return is_pytorch_dcp(reader) ? "pytorch-dcp" : "stowage";
 }
 
 // `dir` is a run directory (its checkpoints), or a directory of step-<N> checkpoints.
@@ -111,7 +115,7 @@ void inspect(const std::string& dir, bool as_json) {
   const std::unique_ptr<dcp::StorageReader> reader = dcp::open_checkpoint(dir);
   const dcp::Metadata metadata = reader->read_metadata();
   // PyTorch DCP keeps no checksums (each record's zip CRC32 is checked as it is read).
-  const bool checksummed = std::string(format_of(*reader)) == "stowage";
+  const bool checksummed = !is_pytorch_dcp(*reader);
   json entries = json::array();
   for (const auto& entry : metadata.entries) {
     json row{{"key", entry.fqn}};
