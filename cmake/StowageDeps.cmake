@@ -1,5 +1,5 @@
 # The libraries stowage builds with besides LibTorch, each behind one name:
-#   stowage_fmt, stowage_xxhash       (the library; exported with it)
+#   stowage_fmt, stowage_xxhash, stowage_uring   (the library; exported with it)
 #   nlohmann_json::nlohmann_json, CLI11::CLI11, GTest::gtest / gtest_main / gmock
 # By default they are the system's (Debian's -dev packages, scripts/setup.sh).
 # STOWAGE_DEPS_DIR names a folder with their headers and googletest's sources, gathered by
@@ -26,9 +26,13 @@ else()
 endif()
 
 add_library(stowage_xxhash INTERFACE)
+# liburing, for the swap optimizer's disk tier (src/optim/swap_file_io.cpp).
+add_library(stowage_uring INTERFACE)
 if(STOWAGE_DEPS_DIR)
   target_include_directories(stowage_xxhash SYSTEM INTERFACE $<BUILD_INTERFACE:${STOWAGE_DEPS_DIR}/include>)
   target_compile_definitions(stowage_xxhash INTERFACE XXH_INLINE_ALL)
+  target_include_directories(stowage_uring SYSTEM INTERFACE $<BUILD_INTERFACE:${STOWAGE_DEPS_DIR}/include>)
+  target_link_libraries(stowage_uring INTERFACE $<BUILD_INTERFACE:${STOWAGE_DEPS_DIR}/lib/liburing.a>)
 
   foreach(name nlohmann_json::nlohmann_json CLI11::CLI11)
     add_library(${name} INTERFACE IMPORTED)
@@ -43,6 +47,8 @@ else()
   find_package(PkgConfig REQUIRED)
   pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
   target_link_libraries(stowage_xxhash INTERFACE PkgConfig::XXHASH)
+  pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing)
+  target_link_libraries(stowage_uring INTERFACE PkgConfig::URING)
   find_package(nlohmann_json 3.9 REQUIRED)
   if(STOWAGE_BUILD_TOOLS)
     find_package(CLI11 REQUIRED)

@@ -27,6 +27,8 @@ prepare() {
   mkdir -p "$deps/include"
   cp -r /usr/include/nlohmann /usr/include/CLI /usr/include/gloo "$deps/include/"
   cp /usr/include/xxhash.h "$deps/include/"
+  cp -r /usr/include/liburing.h /usr/include/liburing "$deps/include/"
+  mkdir -p "$deps/lib" && cp /usr/lib/x86_64-linux-gnu/liburing.a "$deps/lib/"
   cp -r /usr/src/googletest "$deps/googletest"
   echo "device_check: gathered $(du -sh "$deps" | cut -f1) into $deps"
   local python_env

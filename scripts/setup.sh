@@ -12,6 +12,8 @@ packages=(
   python3 python3-venv  # the torch wheel's environment (scripts/python_env.sh)
   clang-format-14  # scripts/format.sh
   clang-tidy-14  # scripts/tidy.sh
+  liburing-dev  # the swap optimizer's disk tier (src/optim/swap_file_io.cpp)
+  chromium  # the benchmark report's browser test (tests/cli/report_test.cpp)
 )
 # The fuzzers of the reliability passes (scripts/fuzz.sh: libFuzzer, ASan, UBSan), unless
 # they are off (STOWAGE_TEST_EXTRA=0, as in scripts/test_debian13.sh's newer Debian).

@@ -20,12 +20,38 @@ bool contains(const std::vector<std::string>& keys, const std::string& key) {
 
 }  // namespace
 
+const char* io_path_name(SwapIoPath path) {
+  switch (path) {
+    case SwapIoPath::kAuto:
+      return "auto";
+    case SwapIoPath::kIoUring:
+      return "io_uring";
+    case SwapIoPath::kThreads:
+      return "threads";
+  }
+  return "unknown";
+}
+
 void SwapOptimizerConfig::validate() const {
   if (swap_times_ <= 0) {
     throw InvalidArgument(fmt::format("SwapOptimizerConfig.swap_times must be positive, got {}.", swap_times_));
   }
   if (min_numel_ < 0) {
     throw InvalidArgument(fmt::format("SwapOptimizerConfig.min_numel must be non-negative, got {}.", min_numel_));
+  }
+  if (buffer_count_ < 2) {
+    throw InvalidArgument(fmt::format(
+        "SwapOptimizerConfig.buffer_count must be at least 2 (one buffer read while another is written back), got {}.",
+        buffer_count_));
+  }
+  if (host_budget_bytes_ < 0) {
+    throw InvalidArgument(
+        fmt::format("SwapOptimizerConfig.host_budget_bytes must be non-negative, got {}.", host_budget_bytes_));
+  }
+  if (!disk_tier() && host_budget_bytes_ > 0) {
+    throw InvalidArgument(fmt::format(
+        "SwapOptimizerConfig.host_budget_bytes ({}) bounds the disk tier's buffers, but swap_dir is empty (host tier).",
+        host_budget_bytes_));
   }
   std::vector<std::string> unknown;
   for (const std::string& key : state_keys_) {

@@ -5,6 +5,7 @@
 #include <stowage/optim/swap_optimizer.h>
 
 #include "optim/param_state.h"
+#include "optim/swap_file.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -13,6 +14,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -78,7 +80,9 @@ struct SlotRequest {
 namespace stowage::optim {
 
 // Where each swapped state lives between steps. Invariant: each entry's holder is its
-// `host` view, and entries are in parameter order, then slot order.
+// `host` view, and entries are in parameter order, then slot order. On the disk tier the
+// buffers are mappings of the scratch files, one per dtype, so the holders are views of
+// the files and nothing of them needs to be in memory.
 struct SwapOptimizer::HostLayout {
   struct Entry {
     const c10::TensorImpl* param;
@@ -88,7 +92,8 @@ struct SwapOptimizer::HostLayout {
   };
   std::vector<Entry> entries;
   std::map<std::pair<const c10::TensorImpl*, int>, size_t> index;
-  std::map<c10::ScalarType, at::Tensor> buffers;  // packed mode: one per dtype
+  std::map<c10::ScalarType, at::Tensor> buffers;                       // packed mode and disk tier: one per dtype
+  std::map<c10::ScalarType, std::shared_ptr<detail::SwapFile>> files;  // disk tier: the buffers' files
 
   const Entry* find(const c10::TensorImpl* param, int slot) const {
     const auto it = index.find({param, slot});

@@ -4,6 +4,7 @@
 #include <stowage/optim/swap_optimizer.h>
 
 #include "optim/adam_update.h"
+#include "optim/disk_tier.h"
 #include "optim/swap_internal.h"
 #include "optim/swap_pipeline.h"
 
@@ -14,6 +15,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <type_traits>
@@ -68,6 +70,15 @@ SwapOptimizer::SwapOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
     }
   }
   check_param_groups();
+  if (config_.disk_tier()) {
+    std::error_code error;
+    if (!std::filesystem::is_directory(config_.swap_dir(), error)) {
+      throw InvalidArgument(fmt::format("SwapOptimizerConfig.swap_dir '{}' is not a directory{}", config_.swap_dir(),
+                                        error ? ": " + error.message() : std::string()));
+    }
+    disk_ = std::make_unique<detail::DiskTier>(config_.io_path(), config_.buffer_count());
+    disk_->stats.io_path = disk_->io->path();
+  }
   engine_ = std::make_unique<memory::CopyEngine>(device_);
   layout_ = std::make_unique<HostLayout>();
 
@@ -220,7 +231,10 @@ void SwapOptimizer::ensure_host_layout(std::vector<SlotRequest> requests) {
   // The old host buffers are read on the CPU below: the downloads into them must be done.
   engine_->synchronize(host_ready_);
 
-  const bool packed = config_.packed_swap();
+  // The disk tier keeps every state in its dtype's file, each at an offset O_DIRECT can
+  // read from, whether the batches then move packed or per tensor.
+  const bool packed = config_.packed_swap() || disk_;
+  const int64_t alignment = disk_ ? detail::kDiskAlignmentBytes : detail::kAlignmentBytes;
   memory::HostAllocOptions host_options;
   host_options.pin_memory = !device_.is_cpu();
 
@@ -231,11 +245,17 @@ void SwapOptimizer::ensure_host_layout(std::vector<SlotRequest> requests) {
     for (size_t i = 0; i < requests.size(); ++i) {
       const int64_t element = static_cast<int64_t>(c10::elementSize(requests[i].dtype));
       int64_t& end = used[requests[i].dtype];
-      offsets[i] = detail::align_up(end, detail::kAlignmentBytes / element);
+      offsets[i] = detail::align_up(end, alignment / element);
       end = offsets[i] + c10::multiply_integers(requests[i].shape);
     }
     for (const auto& [dtype, numel] : used) {
-      fresh->buffers[dtype] = memory::allocate_host({numel}, dtype, host_options);
+      if (disk_) {
+        const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
+        fresh->files[dtype] = detail::SwapFile::create(config_.swap_dir(), "stowage-optimizer-state", bytes);
+        fresh->buffers[dtype] = detail::SwapFile::map(fresh->files[dtype], dtype);
+      } else {
+        fresh->buffers[dtype] = memory::allocate_host({numel}, dtype, host_options);
+      }
     }
   }
   // The holders change only once every copy has succeeded, so that a failure leaves the
@@ -249,7 +269,7 @@ void SwapOptimizer::ensure_host_layout(std::vector<SlotRequest> requests) {
                              : memory::allocate_host(request.shape, request.dtype, host_options);
     switch (request.source) {
       case Source::kZeros:
-        host.zero_();
+        if (!disk_) host.zero_();  // a new scratch file reads as zeros
         break;
       case Source::kHostCopy:
         host.copy_(request.from);
@@ -278,6 +298,14 @@ void SwapOptimizer::ensure_host_layout(std::vector<SlotRequest> requests) {
   }
   layout_ = std::move(fresh);
   host_ready_ = CopyEvent();  // the downloads, if any, are done
+  if (disk_) {
+    disk_->stats.file_bytes = 0;
+    disk_->stats.direct_io = !layout_->files.empty();
+    for (const auto& [dtype, file] : layout_->files) {
+      disk_->stats.file_bytes += file->size();
+      disk_->stats.direct_io = disk_->stats.direct_io && file->direct();
+    }
+  }
 }
 
 // ------------------------------------------------------------------------ step
@@ -371,21 +399,73 @@ at::Tensor SwapOptimizer::step(const torch::optim::Optimizer::LossClosure& closu
   if (!config_.packed_swap()) {
     units.erase(std::remove_if(units.begin(), units.end(), [](const Unit& u) { return !u.has_grad; }), units.end());
   }
+  // A batch's cost is what it takes of a staging arena or, on the disk tier, of a host
+  // buffer, where every state starts at an aligned offset.
   std::vector<int64_t> costs;
   for (const Unit& unit : units) {
     int64_t bytes = 0;
     for (const UnitSlot& slot : unit.slots) {
-      if (slot.swapped) bytes += nbytes(*slot.holder);
+      if (slot.swapped)
+        bytes += disk_ ? detail::align_up(nbytes(*slot.holder), detail::kDiskAlignmentBytes) : nbytes(*slot.holder);
     }
     costs.push_back(std::max<int64_t>(1, bytes));
   }
-  const detail::Batches batches(partition_by_cost(costs, config_.swap_times()));
-  const std::unique_ptr<detail::SwapTransport> transport =
-      config_.packed_swap() ? detail::make_packed_transport(*engine_, units, batches, layout_->buffers, device_)
-                            : detail::make_per_tensor_transport(*engine_, units, batches, device_);
+  const detail::Batches batches(disk_ ? disk_batches(units, costs) : partition_by_cost(costs, config_.swap_times()));
+  std::unique_ptr<detail::SwapTransport> transport;
+  if (disk_) {
+    transport =
+        detail::make_disk_transport(*engine_, units, batches, layout_->files, *disk_, device_, config_.packed_swap());
+  } else if (config_.packed_swap()) {
+    transport = detail::make_packed_transport(*engine_, units, batches, layout_->buffers, device_);
+  } else {
+    transport = detail::make_per_tensor_transport(*engine_, units, batches, device_);
+  }
   detail::run_swap_pipeline(*engine_, *transport, units, batches, host_ready_,
                             [this](Unit& unit, const auto& swapped_state) { update_unit(unit, swapped_state); });
   return {};
+}
+
+std::vector<int64_t> SwapOptimizer::disk_batches(const std::vector<Unit>& units, const std::vector<int64_t>& costs) {
+  if (units.empty()) return {};
+  const int64_t budget = config_.host_budget_bytes();
+  const int64_t buffer_bytes =
+      budget / config_.buffer_count() / detail::kDiskAlignmentBytes * detail::kDiskAlignmentBytes;
+  int64_t parts = config_.swap_times();
+  if (budget > 0) {
+    int64_t total = 0;
+    for (size_t u = 0; u < units.size(); ++u) {
+      if (costs[u] > buffer_bytes) {
+        throw InvalidArgument(fmt::format(
+            "Swap optimizer disk tier: the swapped states of parameter {} (param group {}) take {} bytes, more than "
+            "one host buffer holds: host_budget_bytes {} / buffer_count {} gives {} bytes; raise the budget or lower "
+            "buffer_count",
+            units[u].index, units[u].group, costs[u], budget, config_.buffer_count(), buffer_bytes));
+      }
+      total += costs[u];
+    }
+    parts = std::max(parts, (total + buffer_bytes - 1) / buffer_bytes);
+  }
+  // More batches until each fits a buffer: at worst one parameter each, which fits.
+  for (;;) {
+    std::vector<int64_t> sizes = partition_by_cost(costs, parts);
+    int64_t largest = 0;
+    size_t u = 0;
+    for (const int64_t size : sizes) {
+      int64_t cost = 0;
+      for (const size_t end = u + size; u < end; ++u) cost += costs[u];
+      largest = std::max(largest, cost);
+    }
+    if (budget == 0 || largest <= buffer_bytes) {
+      disk_->ensure_buffers(budget == 0 ? largest : buffer_bytes, /*pin=*/!device_.is_cpu());
+      return sizes;
+    }
+    parts += std::max<int64_t>(1, parts / 8);
+  }
+}
+
+DiskTierStats SwapOptimizer::disk_stats() const {
+  if (!disk_) throw Error("SwapOptimizer::disk_stats: this optimizer keeps its states in host memory (no swap_dir)");
+  return disk_->stats;
 }
 
 // Updates one parameter, or (on an exception) changes nothing: the update allocates
@@ -414,6 +494,11 @@ namespace detail {
 
 void set_update_fault_injector(SwapOptimizer& optimizer, std::function<void(int64_t param_index)> injector) {
   optimizer.update_fault_ = std::move(injector);
+}
+
+void set_disk_fault_injector(SwapOptimizer& optimizer, DiskFaultInjector injector) {
+  if (!optimizer.disk_) throw Error("set_disk_fault_injector: the optimizer has no disk tier");
+  optimizer.disk_->fault = std::move(injector);
 }
 
 }  // namespace detail

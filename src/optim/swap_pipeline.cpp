@@ -58,14 +58,16 @@ class Pipeline {
           if (released + 2 < count) upload(released + 2);
         }
       }
+      transport_.finish();
       host_ready = *downloaded_[count - 1];
       // The transport's device memory is released when the step returns, so the compute
       // side waits for the last download out of it. On a device with streams this is a
       // stream wait; on the CPU it blocks, and step() returns with every state on the host.
       engine_.wait_compute(host_ready);
     } catch (...) {
-      // No copy may still run into device memory the transport frees on return.
+      // No copy or file I/O may still run on memory the transport frees on return.
       engine_.drain();
+      transport_.abandon();
       host_ready = CopyEvent();
       recover(std::current_exception());
     }
@@ -91,10 +93,14 @@ class Pipeline {
     std::vector<int64_t> redone;
     std::vector<int64_t> kept;
     for (int64_t b = 0; b < batches_.count() && batches_.begin(b) < processed_; ++b) {
-      if (downloaded(b)) continue;
+      const bool came_down = downloaded(b);
+      if (came_down && transport_.stored(b)) continue;
       try {
-        transport_.download(b);
-        engine_.synchronize(engine_.record(CopyLane::kDeviceToHost));
+        if (!came_down) {
+          transport_.download(b);
+          engine_.synchronize(engine_.record(CopyLane::kDeviceToHost));
+        }
+        transport_.store(b);
         redone.push_back(b);
       } catch (...) {
         engine_.drain();

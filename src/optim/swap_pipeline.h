@@ -56,6 +56,19 @@ class SwapTransport {
   // A device tensor with the contents of device_state(b, u, slot) that outlives the
   // transport: where a state stays when its download failed twice.
   virtual at::Tensor keep_on_device(int64_t b, size_t u, const UnitSlot& slot) = 0;
+
+  // Where the states' home is not the host memory the downloads land in (the disk
+  // tier), their way on from there. The default is for a transport whose downloads
+  // reach the home.
+  //
+  // Blocks until every batch downloaded so far is home; throws if one could not get there.
+  virtual void finish() {}
+  // After a failure: stops what the transport still has queued, waiting for what runs.
+  virtual void abandon() {}
+  // Whether batch b's downloaded states are home, and, blocking, getting them there once
+  // the download has succeeded (after abandon()).
+  virtual bool stored(int64_t) { return true; }
+  virtual void store(int64_t) {}
 };
 
 // Each batch's swapped states of one dtype are one contiguous range of that dtype's
@@ -70,6 +83,19 @@ std::unique_ptr<SwapTransport> make_packed_transport(memory::CopyEngine& engine,
 // state per direction.
 std::unique_ptr<SwapTransport> make_per_tensor_transport(memory::CopyEngine& engine, const std::vector<Unit>& units,
                                                          const Batches& batches, c10::Device device);
+
+struct DiskTier;
+class SwapFile;
+// The disk tier's transport: batch b's states are read from the scratch files into host
+// buffer b % buffer_count, one batch ahead of its upload (see SwapOptimizerConfig), moved
+// to and from the device as the packed (one copy per dtype, two arenas) or per-tensor
+// transport would, and written back from the buffer by the I/O thread once downloaded.
+// Batch b's states of each dtype are one contiguous, kDiskAlignmentBytes-aligned range of
+// that dtype's file; the batch must fit one buffer.
+std::unique_ptr<SwapTransport> make_disk_transport(memory::CopyEngine& engine, const std::vector<Unit>& units,
+                                                   const Batches& batches,
+                                                   const std::map<c10::ScalarType, std::shared_ptr<SwapFile>>& files,
+                                                   DiskTier& tier, c10::Device device, bool packed);
 
 // Updates one unit, reading its swapped states through `swapped_state`.
 using UnitUpdate =

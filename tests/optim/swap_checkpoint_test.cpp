@@ -72,9 +72,9 @@ StateDict checkpoint_state(const std::vector<torch::Tensor>& params, const c10::
   return state;
 }
 
-class SwapCheckpoint : public ::testing::TestWithParam<bool> {
+class SwapCheckpoint : public ::testing::TestWithParam<testing::SwapMode> {
  protected:
-  SwapOptimizerConfig config() const { return SwapOptimizerConfig().swap_times(3).packed_swap(GetParam()); }
+  SwapOptimizerConfig config() const { return GetParam().apply(SwapOptimizerConfig().swap_times(3)); }
 };
 
 TEST_P(SwapCheckpoint, RoundTripWithoutDeviceCopies) {
@@ -101,8 +101,8 @@ TEST_P(SwapCheckpoint, RoundTripWithoutDeviceCopies) {
   // Four swapped parameters ({100} is below min_numel) in three batches.
   set_grads(restored_params, 3);
   restored->step();
-  EXPECT_EQ(restored->copy_stats().h2d_copies, GetParam() ? 3 : 4 * 3);
-  EXPECT_EQ(restored->copy_stats().d2h_copies, GetParam() ? 3 : 4 * 3);
+  EXPECT_EQ(restored->copy_stats().h2d_copies, GetParam().packed ? 3 : 4 * 3);
+  EXPECT_EQ(restored->copy_stats().d2h_copies, GetParam().packed ? 3 : 4 * 3);
 
   set_grads(params, 3);
   swap->step();
@@ -192,7 +192,7 @@ TEST_P(SwapCheckpoint, ADcpLoadWithOtherParamGroupsFailsBeforeAnythingChanges) {
   train([&] { swap->step(); }, params, 0, 2);
   const char* base = std::getenv("TMPDIR");
   const std::string dir = std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/stowage-swap-groups-" +
-                          std::to_string(::getpid()) + (GetParam() ? "-packed" : "");
+                          std::to_string(::getpid()) + "-" + GetParam().name;
   dcp::save(checkpoint_state(params, swap, 3), dir);
 
   for (const std::vector<size_t>& groups : {std::vector<size_t>{5}, std::vector<size_t>{3, 2}}) {
@@ -214,8 +214,7 @@ TEST_P(SwapCheckpoint, ADcpLoadWithOtherParamGroupsFailsBeforeAnythingChanges) {
   std::filesystem::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, SwapCheckpoint, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "Packed" : "PerTensor"; });
+INSTANTIATE_TEST_SUITE_P(Modes, SwapCheckpoint, ::testing::ValuesIn(testing::swap_modes()), testing::mode_name);
 
 TEST(SwapCheckpointMasters, MasterWeightsRoundTripAndComeFromTheParameterWhenAbsent) {
   const SwapOptimizerConfig config = SwapOptimizerConfig().swap_times(2).include_master_params(true);

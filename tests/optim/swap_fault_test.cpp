@@ -41,9 +41,9 @@ std::shared_ptr<torch::optim::AdamW> decaying_adamw(const std::vector<torch::Ten
 
 // A swap optimizer and a plain AdamW that have taken the same steps.
 struct Pair {
-  explicit Pair(bool packed)
+  explicit Pair(const testing::SwapMode& mode)
       : params(make_params(testing::Shapes(kParams, {kSwappedNumel}))), plain_params(clone_params(params)) {
-    swap = swap_optimizer(decaying_adamw(params), SwapOptimizerConfig().swap_times(kSwapTimes).packed_swap(packed));
+    swap = swap_optimizer(decaying_adamw(params), mode.apply(SwapOptimizerConfig().swap_times(kSwapTimes)));
     plain = decaying_adamw(plain_params);
     for (int step = 0; step < kStepsBefore; ++step) this->step(step);
   }
@@ -130,10 +130,10 @@ std::vector<size_t> first_params(size_t count) {
   return out;
 }
 
-class SwapFaults : public ::testing::TestWithParam<bool> {
+class SwapFaults : public ::testing::TestWithParam<testing::SwapMode> {
  protected:
   void SetUp() override { memory::enable_accounting(); }
-  bool packed() const { return GetParam(); }
+  bool packed() const { return GetParam().packed; }
   // Copies per batch per direction: one per dtype packed, one per state per tensor.
   int64_t copies_per_batch() const { return packed() ? 1 : 2 * kPerBatch; }
 };
@@ -141,7 +141,7 @@ class SwapFaults : public ::testing::TestWithParam<bool> {
 TEST_P(SwapFaults, AFailedUploadStopsTheStepBeforeItsBatch) {
   for (int64_t batch = 0; batch < kSwapTimes; ++batch) {
     SCOPED_TRACE("upload of batch " + std::to_string(batch));
-    Pair pair(packed());
+    Pair pair(GetParam());
     const int64_t copy = batch * copies_per_batch() + (packed() ? 0 : 1);
     inject_copy_faults(*pair.swap, CopyLane::kHostToDevice, copy, copy);
     const Outcome outcome = failing_step(pair, kStepsBefore);
@@ -160,7 +160,7 @@ TEST_P(SwapFaults, AFailedUploadStopsTheStepBeforeItsBatch) {
 TEST_P(SwapFaults, AFailedDownloadIsDoneAgainFromTheDevice) {
   for (int64_t batch = 0; batch < kSwapTimes; ++batch) {
     SCOPED_TRACE("download of batch " + std::to_string(batch));
-    Pair pair(packed());
+    Pair pair(GetParam());
     const int64_t copy = batch * copies_per_batch() + (packed() ? 0 : 2);
     inject_copy_faults(*pair.swap, CopyLane::kDeviceToHost, copy, copy);
     const Outcome outcome = failing_step(pair, kStepsBefore);
@@ -174,7 +174,7 @@ TEST_P(SwapFaults, AFailedDownloadIsDoneAgainFromTheDevice) {
 }
 
 TEST_P(SwapFaults, StatesThatCannotBeDownloadedStayOnTheDeviceUntilTheNextStep) {
-  Pair pair(packed());
+  Pair pair(GetParam());
   // Every download from the second batch's on fails, the retries too.
   inject_copy_faults(*pair.swap, CopyLane::kDeviceToHost, copies_per_batch(), 1000);
   const Outcome outcome = failing_step(pair, kStepsBefore);
@@ -189,7 +189,7 @@ TEST_P(SwapFaults, StatesThatCannotBeDownloadedStayOnTheDeviceUntilTheNextStep) 
 TEST_P(SwapFaults, AnUpdateThatThrowsLeavesItsParameterAndTheRestUnchanged) {
   for (const int64_t failing : {0, 3, 4, 7}) {
     SCOPED_TRACE("update of parameter " + std::to_string(failing));
-    Pair pair(packed());
+    Pair pair(GetParam());
     detail::set_update_fault_injector(*pair.swap, [failing](int64_t index) {
       if (index == failing) throw std::runtime_error("injected update fault");
     });
@@ -205,7 +205,7 @@ TEST_P(SwapFaults, AnUpdateThatThrowsLeavesItsParameterAndTheRestUnchanged) {
 }
 
 TEST_P(SwapFaults, AMismatchedGradientIsRejectedBeforeAnythingChanges) {
-  Pair pair(packed());
+  Pair pair(GetParam());
   for (const auto& bad : {torch::randn({kSwappedNumel}, torch::kDouble), torch::randn({kSwappedNumel / 2})}) {
     set_grads(pair.params, kStepsBefore);
     pair.params[5].mutable_grad() = bad;
@@ -227,7 +227,7 @@ TEST_P(SwapFaults, AMismatchedGradientIsRejectedBeforeAnythingChanges) {
 // LibTorch's c10::Error carries a C++ backtrace of several KB in what(); the step's
 // error embeds the message alone.
 TEST_P(SwapFaults, AnUpdateFailingWithAC10ErrorIsReportedWithoutLibTorchsBacktrace) {
-  Pair pair(packed());
+  Pair pair(GetParam());
   detail::set_update_fault_injector(*pair.swap, [](int64_t index) { TORCH_CHECK(index != 2, "injected c10 fault"); });
   const Outcome outcome = failing_step(pair, kStepsBefore);
   EXPECT_THAT(outcome.message, HasSubstr("injected c10 fault"));
@@ -243,8 +243,7 @@ TEST_P(SwapFaults, AParameterListedTwiceAfterWrappingIsRejectedBeforeAnythingCha
     SCOPED_TRACE("through add_param_group before the first step");
     auto params = make_params(testing::Shapes(kParams, {kSwappedNumel}));
     auto plain_params = clone_params(params);
-    auto swap =
-        swap_optimizer(decaying_adamw(params), SwapOptimizerConfig().swap_times(kSwapTimes).packed_swap(packed()));
+    auto swap = swap_optimizer(decaying_adamw(params), GetParam().apply(SwapOptimizerConfig().swap_times(kSwapTimes)));
     swap->optimizer().add_param_group(torch::optim::OptimizerParamGroup({params[3]}));
     set_grads(params, 0);
     try {
@@ -263,7 +262,7 @@ TEST_P(SwapFaults, AParameterListedTwiceAfterWrappingIsRejectedBeforeAnythingCha
     expect_params_equal(plain_params, params);
   }
   SCOPED_TRACE("in the params of a group, after steps");
-  Pair pair(packed());
+  Pair pair(GetParam());
   pair.swap->param_groups()[0].params().push_back(pair.params[5]);
   set_grads(pair.params, kStepsBefore);
   const memory::CopyStats copies = pair.swap->copy_stats();
@@ -282,7 +281,7 @@ TEST_P(SwapFaults, AParameterListedTwiceAfterWrappingIsRejectedBeforeAnythingCha
 }
 
 TEST_P(SwapFaults, AParameterOnAnotherDeviceAddedAfterWrappingIsRejectedBeforeAnythingChanges) {
-  Pair pair(packed());
+  Pair pair(GetParam());
   const auto meta = torch::TensorOptions().device(c10::kMeta);
   torch::Tensor elsewhere = torch::zeros({kSwappedNumel}, meta).requires_grad_();
   pair.swap->optimizer().add_param_group(torch::optim::OptimizerParamGroup({elsewhere}));
@@ -304,16 +303,14 @@ TEST_P(SwapFaults, AParameterOnAnotherDeviceAddedAfterWrappingIsRejectedBeforeAn
 TEST_P(SwapFaults, AmsgradTurnedOffWhenItsStateIsToBeSwappedIsRejectedAtStep) {
   auto params = make_params(testing::Shapes(kParams, {kSwappedNumel}));
   auto inner = std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-2).amsgrad(true));
-  auto swap = swap_optimizer(inner, SwapOptimizerConfig().state_keys({"max_exp_avg_sq"}).packed_swap(packed()));
+  auto swap = swap_optimizer(inner, GetParam().apply(SwapOptimizerConfig().state_keys({"max_exp_avg_sq"})));
   static_cast<torch::optim::AdamWOptions&>(swap->param_groups()[0].options()).amsgrad(false);
   set_grads(params, 0);
   EXPECT_THROW(swap->step(), InvalidArgument);
   EXPECT_TRUE(swap->optimizer().state().empty());
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, SwapFaults, ::testing::Bool(), [](const ::testing::TestParamInfo<bool>& info) {
-  return info.param ? "Packed" : "PerTensor";
-});
+INSTANTIATE_TEST_SUITE_P(Modes, SwapFaults, ::testing::ValuesIn(testing::swap_modes()), testing::mode_name);
 
 }  // namespace
 }  // namespace stowage::optim

@@ -78,14 +78,14 @@ std::vector<Case> cases() {
   return out;
 }
 
-class SwapNumerics : public ::testing::TestWithParam<std::tuple<Case, bool>> {};
+class SwapNumerics : public ::testing::TestWithParam<std::tuple<Case, testing::SwapMode>> {};
 
 TEST_P(SwapNumerics, TenStepsMatchTheUnwrappedOptimizerBitForBit) {
-  const auto& [c, packed] = GetParam();
+  const auto& [c, mode] = GetParam();
   auto plain_params = make_params(kMixedShapes, c.dtype);
   auto swap_params = clone_params(plain_params);
   auto plain = c.make(plain_params);
-  auto swap = swap_optimizer(c.make(swap_params), SwapOptimizerConfig(c.config).packed_swap(packed));
+  auto swap = swap_optimizer(c.make(swap_params), mode.apply(c.config));
   for (int step = 0; step < 10; ++step) {
     set_grads(plain_params, step, has_grad);
     set_grads(swap_params, step, has_grad);
@@ -107,10 +107,9 @@ TEST_P(SwapNumerics, TenStepsMatchTheUnwrappedOptimizerBitForBit) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Optimizers, SwapNumerics, ::testing::Combine(::testing::ValuesIn(cases()), ::testing::Bool()),
-                         [](const auto& info) {
-                           return std::get<0>(info.param).name + (std::get<1>(info.param) ? "Packed" : "PerTensor");
-                         });
+INSTANTIATE_TEST_SUITE_P(Optimizers, SwapNumerics,
+                         ::testing::Combine(::testing::ValuesIn(cases()), ::testing::ValuesIn(testing::swap_modes())),
+                         [](const auto& info) { return std::get<0>(info.param).name + std::get<1>(info.param).name; });
 
 }  // namespace
 }  // namespace stowage::optim

@@ -21,10 +21,10 @@ using testing::set_grads;
 constexpr int64_t kStateBytes = kSwappedNumel * 4;  // one fp32 state tensor
 const testing::Shapes kEight(8, std::vector<int64_t>{kSwappedNumel});
 
-class SwapPipeline : public ::testing::TestWithParam<bool> {
+class SwapPipeline : public ::testing::TestWithParam<testing::SwapMode> {
  protected:
   SwapOptimizerConfig config(int64_t swap_times) const {
-    return SwapOptimizerConfig().swap_times(swap_times).packed_swap(GetParam());
+    return GetParam().apply(SwapOptimizerConfig().swap_times(swap_times));
   }
 };
 
@@ -37,7 +37,7 @@ TEST_P(SwapPipeline, CopiesEachBatchOnceEachWayPerStep) {
     swap->step();
     const memory::CopyStats after = swap->copy_stats();
     // Packed: one copy per batch (3 batches, one dtype); per tensor: one per state (8 x 2).
-    const int64_t copies = GetParam() ? 3 : 16;
+    const int64_t copies = GetParam().packed ? 3 : 16;
     EXPECT_EQ(after.h2d_copies - before.h2d_copies, copies) << "step " << step;
     EXPECT_EQ(after.d2h_copies - before.d2h_copies, copies) << "step " << step;
     EXPECT_EQ(after.h2d_bytes - before.h2d_bytes, 16 * kStateBytes) << "step " << step;
@@ -58,8 +58,8 @@ TEST_P(SwapPipeline, OneCopyPerDtypePerBatchWhenDtypesMix) {
     swap->step();
     plain.step();
     // Two batches of {fp32, fp64}: packed moves 2 x 2 ranges; per tensor 4 x 2 states.
-    EXPECT_EQ(swap->copy_stats().h2d_copies - before.h2d_copies, GetParam() ? 4 : 8);
-    EXPECT_EQ(swap->copy_stats().d2h_copies - before.d2h_copies, GetParam() ? 4 : 8);
+    EXPECT_EQ(swap->copy_stats().h2d_copies - before.h2d_copies, GetParam().packed ? 4 : 8);
+    EXPECT_EQ(swap->copy_stats().d2h_copies - before.d2h_copies, GetParam().packed ? 4 : 8);
   }
   testing::expect_params_equal(plain_params, params);
 }
@@ -144,8 +144,7 @@ TEST_P(SwapPipeline, ParametersWithoutGradientsKeepTheirState) {
       swap->state_dict());
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, SwapPipeline, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "Packed" : "PerTensor"; });
+INSTANTIATE_TEST_SUITE_P(Modes, SwapPipeline, ::testing::ValuesIn(testing::swap_modes()), testing::mode_name);
 
 // ---------------------------------------------------------------------- errors
 

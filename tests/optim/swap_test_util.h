@@ -10,8 +10,14 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <stdlib.h>
+
+#include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <memory>
+#include <ostream>
+#include <string>
 #include <vector>
 
 namespace stowage::optim::testing {
@@ -20,6 +26,60 @@ using Shapes = std::vector<std::vector<int64_t>>;
 
 // Above SwapOptimizerConfig's default min_numel: a parameter of this many elements is swapped.
 constexpr int64_t kSwappedNumel = 2048;
+
+// A directory for the disk tier's scratch files, made once per test process under
+// $TMPDIR (else /tmp) and removed at exit. The files unlink themselves: it stays empty.
+inline const std::string& swap_test_dir() {
+  struct Scratch {
+    Scratch() {
+      const char* tmp = std::getenv("TMPDIR");
+      std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/stowage-swap-test-XXXXXX";
+      if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("cannot make a directory " + pattern);
+      path = pattern;
+    }
+    ~Scratch() {
+      std::error_code ignored;
+      std::filesystem::remove_all(path, ignored);
+    }
+    std::string path;
+  };
+  static const Scratch scratch;
+  return scratch.path;
+}
+
+// How a test's swap optimizer keeps and moves its states: in host memory or on the disk
+// tier (through io_uring or a thread pool), packed or one copy per tensor.
+struct SwapMode {
+  std::string name;
+  bool packed = true;
+  bool disk = false;
+  SwapIoPath io_path = SwapIoPath::kAuto;
+
+  SwapOptimizerConfig apply(SwapOptimizerConfig config) const {
+    config.packed_swap(packed);
+    if (disk) config.swap_dir(swap_test_dir()).io_path(io_path);
+    return config;
+  }
+};
+
+inline void PrintTo(const SwapMode& mode, std::ostream* os) {
+  *os << mode.name;
+}
+
+inline std::vector<SwapMode> swap_modes() {
+  return {
+      {"Packed", true, false},
+      {"PerTensor", false, false},
+      {"DiskPackedIoUring", true, true, SwapIoPath::kIoUring},
+      {"DiskPerTensorIoUring", false, true, SwapIoPath::kIoUring},
+      {"DiskPackedThreads", true, true, SwapIoPath::kThreads},
+      {"DiskPerTensorThreads", false, true, SwapIoPath::kThreads},
+  };
+}
+
+inline std::string mode_name(const ::testing::TestParamInfo<SwapMode>& info) {
+  return info.param.name;
+}
 
 // A plain AdamW over `params`, learning rate 1e-2 unless `options` says otherwise.
 inline std::shared_ptr<torch::optim::AdamW> adamw(

@@ -16,6 +16,14 @@ inline constexpr const char* kExpAvgSq = "exp_avg_sq";
 inline constexpr const char* kMaxExpAvgSq = "max_exp_avg_sq";
 inline constexpr const char* kMasterParam = "master_param";
 
+// How the disk tier reads and writes its files.
+enum class SwapIoPath {
+  kAuto,     // io_uring where the kernel allows it, else threads
+  kIoUring,  // io_uring (liburing); the step fails if the kernel refuses it
+  kThreads,  // a pool of threads calling pread/pwrite
+};
+const char* io_path_name(SwapIoPath path);
+
 struct SwapOptimizerConfig {
   // Number of batches the parameters are split into; at most two batches' states are on
   // the device at any time during step().
@@ -31,12 +39,29 @@ struct SwapOptimizerConfig {
   // arenas, instead of one copy per state tensor.
   TORCH_ARG(bool, packed_swap) = true;
 
+  // Where swapped states live between steps: empty for host memory, else a directory
+  // (e.g. on NVMe) in which the disk tier keeps them in scratch files of its own. Then
+  // step() reads each batch one batch ahead into a pinned host buffer, uploads it, and
+  // writes it back asynchronously once it has come down again.
+  TORCH_ARG(std::string, swap_dir) = "";
+  // Disk tier: how many host buffers of one batch each stream the states (at least two:
+  // one being read while another is on its way back).
+  TORCH_ARG(int64_t, buffer_count) = 4;
+  // Disk tier: the host memory its buffers may take, in bytes. 0: buffer_count buffers as
+  // large as swap_times makes a batch. Otherwise each buffer gets budget / buffer_count
+  // bytes and the parameters are split into as many batches (at least swap_times) as it
+  // takes for each batch to fit one.
+  TORCH_ARG(int64_t, host_budget_bytes) = 0;
+  // Disk tier: the I/O path.
+  TORCH_ARG(SwapIoPath, io_path) = SwapIoPath::kAuto;
+
  public:
   // Throws stowage::InvalidArgument naming the offending option.
   void validate() const;
   // The states to swap, validated, in a fixed order (exp_avg, exp_avg_sq, max_exp_avg_sq,
   // master_param).
   std::vector<std::string> swapped_keys() const;
+  bool disk_tier() const { return !swap_dir_.empty(); }
 };
 
 }  // namespace stowage::optim

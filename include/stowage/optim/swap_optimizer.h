@@ -64,12 +64,26 @@ namespace stowage::optim {
 
 class SwapOptimizer;
 
+// What the disk tier (SwapOptimizerConfig::swap_dir) has done since construction.
+struct DiskTierStats {
+  SwapIoPath io_path = SwapIoPath::kAuto;  // the path that runs: io_uring or threads
+  bool direct_io = false;                  // whether its files bypass the page cache (O_DIRECT)
+  int64_t buffer_bytes = 0;                // one host buffer's size
+  int64_t peak_host_bytes = 0;             // most host memory its buffers took at once
+  int64_t file_bytes = 0;                  // the scratch files' size now
+  int64_t read_bytes = 0;
+  int64_t written_bytes = 0;
+};
+
 namespace detail {
 enum class Family;
+struct DiskTier;
 struct Unit;
 struct UnitSlot;
 struct SlotRequest;
 void set_update_fault_injector(SwapOptimizer& optimizer, std::function<void(int64_t param_index)> injector);
+enum class IoOp;
+void set_disk_fault_injector(SwapOptimizer& optimizer, std::function<int(IoOp op, int64_t batch)> injector);
 }  // namespace detail
 
 class SwapOptimizer final : public Stateful {
@@ -91,6 +105,8 @@ class SwapOptimizer final : public Stateful {
   memory::CopyStats copy_stats() const { return engine_->stats(); }
   // The engine that moves the states (e.g. to install a fault injector in a test).
   memory::CopyEngine& copy_engine() { return *engine_; }
+  // The disk tier's figures; throws stowage::Error on the host tier.
+  DiskTierStats disk_stats() const;
 
   // The state in stowage::OptimizerState's layout:
   //   {"state": {"<i>": {"step": int, "exp_avg": T, ...}}, "param_groups": [...]}
@@ -130,8 +146,15 @@ class SwapOptimizer final : public Stateful {
   // Adam's update of one parameter that has a gradient; its swapped states are
   // `swapped_state(slot)` (device copies), the others its own.
   void update_unit(detail::Unit& unit, const std::function<at::Tensor(const detail::UnitSlot&)>& swapped_state);
+  // The disk tier's batches (their sizes in units, as partition_by_cost gives them):
+  // swap_times, or as many more as it takes for each to fit one host buffer of
+  // host_budget_bytes / buffer_count; sizes the tier's buffers. Throws InvalidArgument for
+  // a parameter whose states alone do not fit a buffer.
+  std::vector<int64_t> disk_batches(const std::vector<detail::Unit>& units, const std::vector<int64_t>& costs);
   friend void detail::set_update_fault_injector(SwapOptimizer& optimizer,
                                                 std::function<void(int64_t param_index)> injector);
+  friend void detail::set_disk_fault_injector(SwapOptimizer& optimizer,
+                                              std::function<int(detail::IoOp op, int64_t batch)> injector);
 
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   SwapOptimizerConfig config_;
@@ -141,6 +164,7 @@ class SwapOptimizer final : public Stateful {
   c10::Device device_;
   std::unique_ptr<memory::CopyEngine> engine_;
   std::unique_ptr<HostLayout> layout_;
+  std::unique_ptr<detail::DiskTier> disk_;  // with a swap_dir only
   // Completes when the last download into the host buffers has; the host buffers must not
   // be read or rewritten on the CPU, nor uploaded, before it.
   memory::CopyEvent host_ready_;

@@ -1,0 +1,23 @@
+#include "optim/disk_tier.h"
+
+#include <stowage/memory/host_buffer.h>
+
+#include "optim/swap_file.h"
+
+#include <algorithm>
+
+namespace stowage::optim::detail {
+
+void DiskTier::ensure_buffers(int64_t bytes, bool pin) {
+  if (bytes == buffer_bytes && static_cast<int64_t>(buffers.size()) == buffer_count) return;
+  buffers.clear();  // the old ones go first, so that the tier never holds both
+  buffer_bytes = 0;
+  memory::HostAllocOptions options;
+  options.pin_memory = pin;
+  for (int64_t i = 0; i < buffer_count; ++i) buffers.push_back(memory::allocate_host({bytes}, at::kByte, options));
+  buffer_bytes = bytes;
+  stats.buffer_bytes = bytes;
+  stats.peak_host_bytes = std::max(stats.peak_host_bytes, buffer_count * bytes);
+}
+
+}  // namespace stowage::optim::detail
