@@ -45,6 +45,8 @@ struct TrainOptions {
   int threads = 2;
   int64_t recompute_segments = 2;  // 0: no activation checkpointing
   int64_t swap_times = 4;          // 0: plain AdamW, no optimizer-state swap
+  std::string swap_to = "host";    // where swapped states live: "host" or "disk:DIR"
+  std::string swap_host_budget;    // disk tier: host memory for its buffers ("256MiB"); empty: no bound
   int64_t ckpt_every = 50;         // 0: no checkpoints
   int64_t keep = 3;
   bool resume = false;
@@ -53,6 +55,27 @@ struct TrainOptions {
   int nproc = 1;
   std::string device = "cpu";  // "cuda": each rank's cuda:LOCAL_RANK
 };
+
+// The swap optimizer's options from --swap-times, --swap-to and --swap-host-budget.
+optim::SwapOptimizerConfig swap_config(const TrainOptions& options) {
+  auto config = optim::SwapOptimizerConfig().swap_times(options.swap_times);
+  const std::string disk_prefix = "disk:";
+  if (options.swap_to.rfind(disk_prefix, 0) == 0 && options.swap_to.size() > disk_prefix.size()) {
+    config.swap_dir(options.swap_to.substr(disk_prefix.size()));
+  } else if (options.swap_to != "host") {
+    throw InvalidArgument(fmt::format(
+        "--swap-to '{}': expected 'host' or 'disk:DIR' (a directory for the scratch files)", options.swap_to));
+  }
+  if (!options.swap_host_budget.empty()) {
+    if (!config.disk_tier()) {
+      throw InvalidArgument(
+          fmt::format("--swap-host-budget {} bounds the disk tier's buffers: it needs --swap-to disk:DIR",
+                      options.swap_host_budget));
+    }
+    config.host_budget_bytes(*parse_byte_size(options.swap_host_budget));  // the option's validator parsed it
+  }
+  return config;
+}
 
 // The ranks of a data-parallel run: WORLD_SIZE and RANK as torchrun and `stowage launch`
 // set them; one rank when unset.
@@ -191,7 +214,7 @@ class Trainer {
     // Each rank's optimizer steps its own share of the parameters: all of them on one rank.
     const std::vector<torch::Tensor> params = model_->parameters();
     optim::ZeroRedundancyOptimizerOptions zero_options;
-    if (options_.swap_times > 0) zero_options.swap(optim::SwapOptimizerConfig().swap_times(options_.swap_times));
+    if (options_.swap_times > 0) zero_options.swap(swap_config(options_));
     const double lr = options_.lr;
     optimizer_ = c10::make_intrusive<optim::ZeroRedundancyOptimizer>(
         params,
@@ -212,7 +235,9 @@ class Trainer {
         "checkpointing: {}; optimizer: {}; checkpoints: {}{}{}",
         options_.layers, parameters / 1e6, corpus.source(), corpus.size(),
         options_.recompute_segments > 0 ? fmt::format("{} segments", options_.recompute_segments) : "off",
-        optimizer_->swap() ? fmt::format("AdamW with state swap ({} batches)", options_.swap_times) : "plain AdamW",
+        optimizer_->swap()
+            ? fmt::format("AdamW with state swap ({} batches, to {})", options_.swap_times, options_.swap_to)
+            : "plain AdamW",
         options_.ckpt_every > 0 ? fmt::format("every {} steps into {}, keeping {}", options_.ckpt_every,
                                               checkpoints_dir(options_.run_dir), options_.keep)
                                 : "off",
@@ -421,6 +446,14 @@ void add_train_command(CLI::App& app) {
                   "optimizer-state swap batches (0: plain AdamW with its state resident)")
       ->check(non_negative_integer<int64_t>())
       ->capture_default_str();
+  cmd->add_option("--swap-to", options->swap_to,
+                  "where swapped optimizer states live between steps: host, or disk:DIR (scratch files in DIR, "
+                  "read and written one batch ahead)")
+      ->capture_default_str();
+  cmd->add_option("--swap-host-budget", options->swap_host_budget,
+                  "with --swap-to disk:DIR: host memory for the disk tier's buffers, e.g. 256MiB (default: four "
+                  "buffers of one batch)")
+      ->check(byte_size());
   cmd->add_option("--ckpt-every", options->ckpt_every, "asynchronous checkpoint every K steps (0: none)")
       ->check(non_negative_integer<int64_t>())
       ->capture_default_str();
