@@ -71,6 +71,8 @@ run() {
     '$build/tests/activation_tests' --gtest_filter='Checkpoint.*:IsTensorLike.*:Sequential*'"
   stage train 60 "$build/stowage" train --device cuda:0 --steps 60 --run-dir "$build/device-run"
   stage bench_swap 60 bash -c "'$build/stowage' bench swap --device cuda:0 --json >'$out/bench_swap.json'"
+  stage bench_swap_disk 90 bash -c \
+    "'$build/stowage' bench swap --tier disk --device cuda:0 --dir '$build' --json >'$out/bench_swap_disk.json'"
   stage bench_dcp 60 bash -c "'$build/stowage' bench dcp --device cuda:0 --size-mib 1024 --json >'$out/bench_dcp.json'"
   stage bench_activation 60 bash -c \
     "'$build/stowage' bench activation --device cuda:0 --batch 16384 --json >'$out/bench_activation.json'"

@@ -227,6 +227,12 @@ class Trainer {
     data_generator_ = at::make_generator<at::CPUGeneratorImpl>(options_.seed + 1);
   }
 
+  // "host", or "disk:DIR via io_uring".
+  std::string swap_destination() const {
+    if (!optimizer_->swap()->config().disk_tier()) return options_.swap_to;
+    return fmt::format("{} via {}", options_.swap_to, optim::io_path_name(optimizer_->swap()->disk_stats().io_path));
+  }
+
   std::string describe(const Corpus& corpus) const {
     int64_t parameters = 0;
     for (const auto& p : model_->parameters()) parameters += p.numel();
