@@ -19,6 +19,18 @@
 // The wrapped optimizer keeps owning the parameter groups and the state objects; its
 // swappable state tensors are the host buffers. Drive steps through the wrapper only.
 //
+// The disk tier (SwapOptimizerConfig::swap_dir) keeps the swapped states in scratch files
+// instead, one per dtype, unlinked as soon as they are open (a crash leaves nothing) and
+// allocated in full when made (a full disk shows then, as an IoError that changes
+// nothing). The state tensors are views of the files' shared mappings: state_dict() hands
+// them out without reading them, so a checkpoint streams from the files through the page
+// cache, and load_state_dict() writes into them. step() reads batch b into host buffer
+// b % buffer_count while earlier batches are updated, and an I/O thread writes each batch
+// back from its buffer once downloaded; step() returns once every write is done. A
+// failed read or write is a failure like a failed copy (below): the batches already
+// updated whose write did not succeed are written again from their buffer, or, failing
+// that, stay on the device until the next step, which moves them into new files.
+//
 // Failures in step():
 //  - Strong guarantee for bad input: a closure, a sparse gradient, a gradient whose dtype,
 //    shape or device differs from its parameter's, amsgrad without a max_exp_avg_sq state,
