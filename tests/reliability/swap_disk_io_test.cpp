@@ -8,6 +8,7 @@
 #include "optim/swap_test_util.h"
 #include "reliability/file_space.h"
 #include "reliability/loop_file_system.h"
+#include "state/optimizer_state_key.h"
 
 #include <gmock/gmock.h>
 
@@ -26,9 +27,8 @@ constexpr int64_t kNumel = 65536;  // 256 KiB of fp32; two states per parameter
 const optim::testing::Shapes kShapes(8, {kNumel});
 
 int64_t step_count(optim::SwapOptimizer& swap, const at::Tensor& param) {
-  auto& states = swap.optimizer().state();
-  const auto it = states.find(c10::guts::to_string(param.unsafeGetTensorImpl()));
-  return it == states.end() ? 0 : static_cast<torch::optim::AdamWParamState&>(*it->second).step();
+  auto* state = stowage::detail::find_state(swap.optimizer().state(), param);
+  return state == nullptr ? 0 : static_cast<torch::optim::AdamWParamState&>(*state).step();
 }
 
 TEST(SwapDiskIo, AFullDiskRefusesTheScratchFilesAndChangesNothing) {
