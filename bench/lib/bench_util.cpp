@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include <stdlib.h>
 
@@ -44,6 +45,19 @@ Scratch::Scratch(const std::string& parent, const std::string& name) {
 Scratch::~Scratch() {
   std::error_code ignored;
   std::filesystem::remove_all(path_, ignored);
+}
+
+void reset_peak_rss() {
+  std::ofstream("/proc/self/clear_refs") << "5";
+}
+
+int64_t status_bytes(const std::string& field) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1)) * 1024;
+  }
+  return 0;
 }
 
 void run_round(int round, const std::vector<std::function<void()>>& measurements) {

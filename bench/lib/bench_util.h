@@ -50,6 +50,13 @@ class Scratch {
   std::string path_;
 };
 
+// The process's RSS high-water mark (VmHWM) starts again from its current RSS
+// (writes "5" to /proc/self/clear_refs).
+void reset_peak_rss();
+
+// A field of /proc/self/status in bytes ("VmRSS", "VmHWM"); 0 when absent.
+int64_t status_bytes(const std::string& field);
+
 // How many rounds take_turns runs.
 inline constexpr int kRounds = 7;
 

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace stowage::bench {
@@ -18,22 +19,42 @@ struct DcpBenchOptions {
   int64_t size_mib = 1024;  // total size of the state dict
   int64_t tensors = 64;     // it is split into this many float tensors
   std::string dir;          // scratch space; empty: the system temp directory
+  // Also measure PyTorch DCP (bench/peer/dcp_peer.py, the torch wheel's Python) on the
+  // same state dict, its rounds taking turns with stowage's; needs python_peer_available().
+  bool peer = false;
+};
+
+// PyTorch DCP's figures on the same state dict, in the same directory, measured as the
+// corresponding stowage figures are (medians of turns taken with them).
+struct PytorchDcpResult {
+  std::string torch_version;
+  double save_gbps = 0;              // dcp.save, FileSystemWriter(sync_files=True), thread_count 1
+  double save_two_threads_gbps = 0;  // the same with thread_count 2
+  double async_block_s = 0;          // caller blocked by dcp.async_save with a DefaultStager
+  double async_complete_s = 0;       // until that save's upload completed
+  double load_gbps = 0;              // dcp.load into pre-allocated tensors (values checked)
+  int64_t peak_host_bytes = 0;       // of a save: as DcpBenchResult::save_peak_host_bytes
 };
 
 struct DcpBenchResult {
   int64_t bytes = 0;
-  double memcpy_gbps = 0;                   // copy into preallocated buffers: the staging limit
-  double stage_cached_gbps = 0;             // BlockingAsyncStager, cached buffers, warm
-  double stage_uncached_gbps = 0;           // BlockingAsyncStager, new buffers every call
-  double save_gbps = 0;                     // dcp::save into an empty directory, sync_files on, 2 threads
-  double save_one_thread_gbps = 0;          // the same with the default thread_count, 1
-  double raw_write_gbps = 0;                // the same bytes written sequentially + one fsync (dd conv=fsync)
-  double torch_save_gbps = 0;               // torch::save of the same tensors + fsync
-  double load_gbps = 0;                     // dcp::load into preallocated tensors (checksums verified)
-  double torch_load_gbps = 0;               // torch::load of the torch::save file into fresh memory, as at start-up
-  double async_block_s = 0;                 // caller blocked by async_save (writer's cached staging)
-  double stage_s = 0;                       // a blocking cached stage of the same state
-  double async_block_default_stager_s = 0;  // caller blocked by async_save with a DefaultStager
+  double memcpy_gbps = 0;                      // copy into preallocated buffers: the staging limit
+  double stage_cached_gbps = 0;                // BlockingAsyncStager, cached buffers, warm
+  double stage_uncached_gbps = 0;              // BlockingAsyncStager, new buffers every call
+  double save_gbps = 0;                        // dcp::save into an empty directory, sync_files on, 2 threads
+  double save_one_thread_gbps = 0;             // the same with the default thread_count, 1
+  double raw_write_gbps = 0;                   // the same bytes written sequentially + one fsync (dd conv=fsync)
+  double torch_save_gbps = 0;                  // torch::save of the same tensors + fsync
+  double load_gbps = 0;                        // dcp::load into preallocated tensors (checksums verified)
+  double torch_load_gbps = 0;                  // torch::load of the torch::save file into fresh memory, as at start-up
+  double async_block_s = 0;                    // caller blocked by async_save (writer's cached staging)
+  double stage_s = 0;                          // a blocking cached stage of the same state
+  double async_block_default_stager_s = 0;     // caller blocked by async_save with a DefaultStager
+  double async_complete_default_stager_s = 0;  // until that save committed
+  // Of a save (either thread count, the largest of the turns): how far the process's RSS
+  // high-water mark rose above its RSS at the start (/proc/self/status VmHWM - VmRSS).
+  int64_t save_peak_host_bytes = 0;
+  std::optional<PytorchDcpResult> pytorch;  // with DcpBenchOptions::peer
 };
 
 // Runs every measurement; those a target compares (writes, reads, async_save against a

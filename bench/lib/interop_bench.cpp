@@ -14,7 +14,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <tuple>
 
 #include <fcntl.h>
@@ -55,21 +54,6 @@ void copy_file(const std::string& from, const std::string& to) {
   ::close(in);
   ::close(out);
   if (!ok) fail("copy into", to);
-}
-
-// The process's RSS high-water mark starts again from its current RSS.
-void reset_peak_rss() {
-  std::ofstream("/proc/self/clear_refs") << "5";
-}
-
-// A field of /proc/self/status, in bytes ("VmRSS", "VmHWM").
-int64_t status_bytes(const std::string& field) {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1)) * 1024;
-  }
-  return 0;
 }
 
 // How far LibTorch's CPU allocations, and the process's RSS, rose above where they were

@@ -2,6 +2,7 @@
 #include "commands.h"
 
 #include "dcp_bench.h"
+#include "python_peer.h"
 
 #include <stowage/dist/process_group.h>
 #include <stowage/error.h>
@@ -55,9 +56,14 @@ void add_bench_dcp(CLI::App& bench) {
   dcp->add_option("--nproc", *nproc, "also save the state sharded over this many local ranks (c10d Gloo)")
       ->check(integer_in(1, 64));
   auto device = std::make_shared<std::string>();
-  dcp->add_option("--device", *device,
-                  "instead: stage a state dict on this device (e.g. cuda:0) against the device-to-host copy limit, "
-                  "and time async_save's block");
+  CLI::Option* device_option =
+      dcp->add_option("--device", *device,
+                      "instead: stage a state dict on this device (e.g. cuda:0) against the device-to-host copy limit, "
+                      "and time async_save's block");
+  dcp->add_flag("--peer", options->peer,
+                "also measure PyTorch DCP (torch.distributed.checkpoint, the torch wheel's Python) on the same state "
+                "dict, taking turns with stowage")
+      ->excludes(device_option);
   dcp->add_flag("--json", *json, "print one JSON object");
   // Internal: how --nproc runs each rank.
   dcp->add_flag("--as-rank", *as_rank)->group("");
@@ -68,6 +74,7 @@ void add_bench_dcp(CLI::App& bench) {
       std::cout << bench::to_json(result).dump(*json ? -1 : 2) << "\n";
       return;
     }
+    if (options->peer && !bench::python_peer_available()) throw Error(bench::python_peer_unavailable_reason());
     if (*as_rank) {
       const stowage::dist::ProcessGroup group = stowage::dist::init_process_group_from_env();
       const double gbps = bench::run_dcp_rank_save_bench(*options, options->dir, group);
