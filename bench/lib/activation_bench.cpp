@@ -1,6 +1,7 @@
 #include "activation_bench.h"
 
 #include "bench_util.h"
+#include "python_peer.h"
 
 #include <stowage/activation/sequential.h>
 #include <stowage/error.h>
@@ -9,8 +10,14 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <memory>
+
+#include <malloc.h>
 
 namespace stowage::bench {
 namespace {
@@ -37,23 +44,81 @@ struct StepMeasurement {
   int64_t peak_bytes;
 };
 
-// One forward + backward from a state without gradients, so every configuration
-// starts from the same live bytes (parameters and input) and allocates its gradients
-// during backward. segments == 0 is the plain run.
-StepMeasurement measure_step(torch::nn::Sequential& model, const at::Tensor& input, int64_t segments) {
+// Every step starts without gradients, so every configuration starts from the same
+// live bytes (parameters and input) and allocates its gradients during backward.
+void clear_gradients(torch::nn::Sequential& model) {
   for (auto& parameter : model->parameters()) {
     parameter.mutable_grad().reset();
   }
+}
+
+// One forward + backward; segments == 0 is the plain run.
+void run_step(torch::nn::Sequential& model, const at::Tensor& input, int64_t segments) {
+  const at::Tensor output =
+      segments == 0 ? model->forward(input) : activation::checkpoint_sequential(model, segments, input);
+  output.sum().backward();
+}
+
+StepMeasurement measure_step(torch::nn::Sequential& model, const at::Tensor& input, int64_t segments) {
+  clear_gradients(model);
   const c10::Device device = input.device();
   memory::reset_peak_memory_stats(device);
-  const double seconds = bench::seconds(
-      [&] {
-        const at::Tensor output =
-            segments == 0 ? model->forward(input) : activation::checkpoint_sequential(model, segments, input);
-        output.sum().backward();
-      },
-      device);
+  const double seconds = bench::seconds([&] { run_step(model, input, segments); }, device);
   return {seconds, memory::max_memory_allocated(device)};
+}
+
+// How compared_peak measures, as bench/peer/activation_peer.py does: PyTorch's CPU
+// allocator keeps no count Python can read, so on the CPU both sides measure what the
+// process holds in memory.
+std::string peak_measure(c10::Device device) {
+  return device.is_cpu() ? "rss_high_water_above_step_start" : "device_allocated_above_step_start";
+}
+
+// The peak memory of one step measured as peak_measure says. On the CPU, the memory
+// released before it (by the allocator's cache, then by malloc's free lists) goes back to
+// the system first, so that the step's own memory is what raises the high-water mark.
+int64_t compared_peak(torch::nn::Sequential& model, const at::Tensor& input, int64_t segments) {
+  clear_gradients(model);
+  const c10::Device device = input.device();
+  if (!device.is_cpu()) {
+    synchronize(device);
+    memory::reset_peak_memory_stats(device);
+    const int64_t start = memory::memory_allocated(device);
+    run_step(model, input, segments);
+    synchronize(device);
+    return memory::max_memory_allocated(device) - start;
+  }
+  memory::empty_cpu_cache();
+  malloc_trim(0);
+  reset_peak_rss();
+  const int64_t start = status_bytes("VmRSS");
+  run_step(model, input, segments);
+  return status_bytes("VmHWM") - start;
+}
+
+// A request to the peer for one step of `mode` (activation_peer.py's modes).
+nlohmann::json peer_step(const char* op, const char* mode, int64_t segments) {
+  return {{"op", op}, {"mode", mode}, {"segments", segments}};
+}
+
+// What one side measures of one configuration: stowage's own steps, or a PyTorch variant's.
+struct ActivationSeries {
+  int64_t segments;
+  const char* pytorch_mode;  // the peer's "mode"; nullptr: stowage's own
+  std::vector<double> seconds;
+  std::vector<double> compared_peaks;  // one per round of the peak pass (compared_peak)
+  int64_t peak_bytes = 0;              // stowage's: the accounting's, the most of any timed step
+};
+
+bool no_more_than(double step_s, int64_t compared_peak_bytes, const PytorchFigures& pytorch) {
+  return step_s <= pytorch.step_s && compared_peak_bytes <= pytorch.peak_bytes;
+}
+
+double over(double ours, double theirs) {
+  return ours / theirs;
+}
+double over(int64_t ours, int64_t theirs) {
+  return static_cast<double>(ours) / static_cast<double>(theirs);
 }
 
 }  // namespace
@@ -76,6 +141,15 @@ double ActivationBenchResult::step_ratio() const {
   return sqrt_run().step_s / plain_step_s;
 }
 
+bool ActivationRun::pytorch_target_met() const {
+  return no_more_than(step_s, compared_peak_bytes, pytorch) &&
+         no_more_than(step_s, compared_peak_bytes, pytorch_nonreentrant);
+}
+
+bool ActivationBenchResult::pytorch_target_met() const {
+  return std::all_of(runs.begin(), runs.end(), [](const ActivationRun& run) { return run.pytorch_target_met(); });
+}
+
 ActivationBenchResult run_activation_bench(const ActivationBenchConfig& config) {
   if (config.blocks < 1 || config.width < 1 || config.batch < 1 || config.repetitions < 1) {
     throw InvalidArgument(
@@ -87,56 +161,159 @@ ActivationBenchResult run_activation_bench(const ActivationBenchConfig& config) 
   result.sqrt_segments = std::lround(std::sqrt(static_cast<double>(config.blocks)));
   std::vector<int64_t> segments = config.segments;
   if (segments.empty()) {
-    segments = {2, 4, 8, result.sqrt_segments};
+    // Those a model this deep can have: each segment needs a block.
+    for (const int64_t count : {int64_t(2), int64_t(4), int64_t(8)}) {
+      if (count <= config.blocks) segments.push_back(count);
+    }
   }
-  if (std::find(segments.begin(), segments.end(), result.sqrt_segments) == segments.end()) {
-    segments.push_back(result.sqrt_segments);
+  segments.push_back(result.sqrt_segments);
+  // One run per segment count, in the order given.
+  std::vector<int64_t> counts;
+  for (const int64_t count : segments) {
+    if (std::find(counts.begin(), counts.end(), count) == counts.end()) counts.push_back(count);
   }
+  segments = counts;
   result.config.segments = segments;
 
+  // Started first: the peer's Python starts while the model is built.
+  std::unique_ptr<PythonPeer> peer;
+  if (config.peer) {
+    peer = std::make_unique<PythonPeer>("activation_peer.py", std::vector<std::string>{});
+  }
   memory::enable_accounting();
-  torch::manual_seed(0);
+  constexpr uint64_t kSeed = 0;
+  torch::manual_seed(kSeed);
   auto model = make_mlp(config);
   model->to(config.device);
   const at::Tensor input = torch::randn({config.batch, config.width}, torch::TensorOptions().device(config.device));
   for (const auto& parameter : model->parameters()) {
     result.params_and_grads_bytes += 2 * static_cast<int64_t>(parameter.nbytes());
   }
+  if (config.cpu_cache) {
+    // Enough for every block a plain step releases: its activations, two per block.
+    memory::set_cpu_cache_limit(2 * config.blocks * static_cast<int64_t>(input.nbytes()));
+  }
+  if (peer) {
+    result.threads = at::get_num_threads();
+    const nlohmann::json setup = peer->request({{"op", "setup"},
+                                                {"blocks", config.blocks},
+                                                {"width", config.width},
+                                                {"batch", config.batch},
+                                                {"threads", result.threads},
+                                                {"seed", kSeed},
+                                                {"device", config.device.str()}});
+    result.pytorch_version = setup.at("torch_version").get<std::string>();
+    result.peak_measure = peak_measure(config.device);
+  }
 
-  // Configuration 0 is the plain run. Repetitions interleave the configurations so
-  // that a slow phase of a shared machine does not land on one of them only.
+  // Configuration 0 is the plain run. Rounds take each series in turn, the peer's
+  // beside stowage's, in an order that rotates from round to round (run_round), so that
+  // a slow phase of a shared machine does not land on some of them only.
   std::vector<int64_t> configurations{0};
   configurations.insert(configurations.end(), segments.begin(), segments.end());
-  std::vector<std::vector<double>> seconds(configurations.size());
-  std::vector<int64_t> peaks(configurations.size(), 0);
-  for (int repetition = -1; repetition < config.repetitions; ++repetition) {
-    for (size_t c = 0; c < configurations.size(); ++c) {
-      const StepMeasurement step = measure_step(model, input, configurations[c]);
-      if (repetition >= 0) {  // -1 is the warm-up
-        seconds[c].push_back(step.seconds);
-        peaks[c] = std::max(peaks[c], step.peak_bytes);
-      }
+  std::vector<ActivationSeries> series;
+  for (size_t c = 0; c < configurations.size(); ++c) {
+    series.push_back({configurations[c], nullptr});
+    if (!peer) continue;
+    if (configurations[c] == 0) {
+      series.push_back({0, "plain"});
+    } else {
+      series.push_back({configurations[c], "reentrant"});
+      series.push_back({configurations[c], "non_reentrant"});
     }
   }
-  result.plain_step_s = median(seconds[0]);
-  result.plain_peak_bytes = peaks[0];
-  for (size_t c = 1; c < configurations.size(); ++c) {
-    result.runs.push_back({configurations[c], median(seconds[c]), peaks[c]});
+  bool record = false;  // false in the warm-up round
+  std::vector<std::function<void()>> timed_steps;
+  std::vector<std::function<void()>> peak_steps;
+  for (ActivationSeries& one : series) {
+    timed_steps.emplace_back([&, s = &one] {
+      double step_s = 0;
+      if (s->pytorch_mode == nullptr) {
+        const StepMeasurement step = measure_step(model, input, s->segments);
+        step_s = step.seconds;
+        s->peak_bytes = std::max(s->peak_bytes, record ? step.peak_bytes : 0);
+      } else {
+        step_s = peer->request(peer_step("step", s->pytorch_mode, s->segments)).at("step_s").get<double>();
+      }
+      if (record) s->seconds.push_back(step_s);
+    });
+    peak_steps.emplace_back([&, s = &one] {
+      const int64_t bytes =
+          s->pytorch_mode == nullptr
+              ? compared_peak(model, input, s->segments)
+              : peer->request(peer_step("peak", s->pytorch_mode, s->segments)).at("peak_bytes").get<int64_t>();
+      s->compared_peaks.push_back(static_cast<double>(bytes));
+    });
+  }
+  run_round(0, timed_steps);
+  record = true;
+  for (int round = 0; round < config.repetitions; ++round) {
+    run_round(round, timed_steps);
+  }
+  if (peer) {
+    // Peak memory in rounds of their own: giving memory back before each step costs time.
+    for (int round = 0; round < config.repetitions; ++round) {
+      run_round(round, peak_steps);
+    }
+  }
+
+  for (const int64_t count : segments) {
+    result.runs.push_back({count});
+  }
+  for (const ActivationSeries& s : series) {
+    const auto run = std::find_if(result.runs.begin(), result.runs.end(),
+                                  [&](const ActivationRun& r) { return r.segments == s.segments; });
+    const double step_s = median(s.seconds);
+    const int64_t compared_peak_bytes = peer ? std::llround(median(s.compared_peaks)) : 0;
+    const PytorchFigures pytorch{step_s, compared_peak_bytes};
+    if (s.pytorch_mode == nullptr && s.segments == 0) {
+      result.plain_step_s = step_s;
+      result.plain_peak_bytes = s.peak_bytes;
+      result.plain_compared_peak_bytes = compared_peak_bytes;
+    } else if (s.pytorch_mode == nullptr) {
+      run->step_s = step_s;
+      run->peak_bytes = s.peak_bytes;
+      run->compared_peak_bytes = compared_peak_bytes;
+    } else if (s.segments == 0) {
+      result.pytorch_plain = pytorch;
+    } else if (std::string(s.pytorch_mode) == "reentrant") {
+      run->pytorch = pytorch;
+    } else {
+      run->pytorch_nonreentrant = pytorch;
+    }
+  }
+  if (config.cpu_cache) {
+    memory::set_cpu_cache_limit(0);
   }
   return result;
 }
 
 nlohmann::json to_json(const ActivationBenchResult& result) {
+  const bool peer = result.config.peer;
   nlohmann::json runs = nlohmann::json::array();
   for (const ActivationRun& run : result.runs) {
-    runs.push_back({{"segments", run.segments}, {"step_s", run.step_s}, {"peak_bytes", run.peak_bytes}});
+    nlohmann::json item = {{"segments", run.segments}, {"step_s", run.step_s}, {"peak_bytes", run.peak_bytes}};
+    if (peer) {
+      item["compared_peak_bytes"] = run.compared_peak_bytes;
+      item["pytorch_step_s"] = run.pytorch.step_s;
+      item["pytorch_peak_bytes"] = run.pytorch.peak_bytes;
+      item["pytorch_nonreentrant_step_s"] = run.pytorch_nonreentrant.step_s;
+      item["pytorch_nonreentrant_peak_bytes"] = run.pytorch_nonreentrant.peak_bytes;
+      item["step_over_pytorch"] = over(run.step_s, run.pytorch.step_s);
+      item["step_over_pytorch_nonreentrant"] = over(run.step_s, run.pytorch_nonreentrant.step_s);
+      item["peak_over_pytorch"] = over(run.compared_peak_bytes, run.pytorch.peak_bytes);
+      item["peak_over_pytorch_nonreentrant"] = over(run.compared_peak_bytes, run.pytorch_nonreentrant.peak_bytes);
+      item["pytorch_target_met"] = run.pytorch_target_met();
+    }
+    runs.push_back(item);
   }
-  return {
+  nlohmann::json out = {
       {"device", result.config.device.str()},
       {"blocks", result.config.blocks},
       {"width", result.config.width},
       {"batch", result.config.batch},
       {"repetitions", result.config.repetitions},
+      {"cpu_cache", result.config.cpu_cache},
       {"params_and_grads", result.params_and_grads_bytes},
       {"plain_step_s", result.plain_step_s},
       {"plain_peak_bytes", result.plain_peak_bytes},
@@ -147,6 +324,18 @@ nlohmann::json to_json(const ActivationBenchResult& result) {
       {"memory_target_met", result.memory_target_met()},
       {"time_target_met", result.time_target_met()},
   };
+  if (peer) {
+    out["pytorch_version"] = result.pytorch_version;
+    out["threads"] = result.threads;
+    out["peak_measure"] = result.peak_measure;
+    out["plain_compared_peak_bytes"] = result.plain_compared_peak_bytes;
+    out["pytorch_plain_step_s"] = result.pytorch_plain.step_s;
+    out["pytorch_plain_peak_bytes"] = result.pytorch_plain.peak_bytes;
+    out["plain_step_over_pytorch"] = over(result.plain_step_s, result.pytorch_plain.step_s);
+    out["plain_peak_over_pytorch"] = over(result.plain_compared_peak_bytes, result.pytorch_plain.peak_bytes);
+    out["pytorch_target_met"] = result.pytorch_target_met();
+  }
+  return out;
 }
 
 std::string to_text(const ActivationBenchResult& result) {
@@ -170,6 +359,35 @@ std::string to_text(const ActivationBenchResult& result) {
       "targets at {} segments: activations {:.3f} of plain (<= 0.333: {}), step {:.2f}x plain (<= 1.4: {})\n",
       result.sqrt_segments, result.activation_ratio(), result.memory_target_met() ? "met" : "NOT met",
       result.step_ratio(), result.time_target_met() ? "met" : "NOT met");
+  if (!result.config.peer) {
+    return text;
+  }
+  text += fmt::format(
+      "against PyTorch {} (torch.utils.checkpoint.checkpoint_sequential), {} threads each; peak MiB: {}, in "
+      "rounds apart from the timed steps; x pt/nr: stowage's over PyTorch's, the larger of reentrant (pt) and "
+      "non-reentrant (nr)\n",
+      result.pytorch_version, result.threads, result.peak_measure);
+  text += fmt::format("{:>10} {:>10} {:>10} {:>10} {:>9} {:>10} {:>10} {:>10} {:>9}\n", "segments", "step_s",
+                      "pt step_s", "pt-nr step", "x pt/nr", "peak MiB", "pt MiB", "pt-nr MiB", "x pt/nr");
+  const auto row = [&](const std::string& name, double step_s, int64_t peak, const PytorchFigures& pytorch,
+                       const PytorchFigures* nonreentrant) {
+    const double slowest_ratio =
+        std::max(over(step_s, pytorch.step_s), nonreentrant ? over(step_s, nonreentrant->step_s) : 0.0);
+    const double largest_ratio =
+        std::max(over(peak, pytorch.peak_bytes), nonreentrant ? over(peak, nonreentrant->peak_bytes) : 0.0);
+    return fmt::format("{:>10} {:>10.3f} {:>10.3f} {:>10} {:>9.2f} {:>10.1f} {:>10.1f} {:>10} {:>9.2f}\n", name, step_s,
+                       pytorch.step_s, nonreentrant ? fmt::format("{:.3f}", nonreentrant->step_s) : "-", slowest_ratio,
+                       mib(peak), mib(pytorch.peak_bytes),
+                       nonreentrant ? fmt::format("{:.1f}", mib(nonreentrant->peak_bytes)) : "-", largest_ratio);
+  };
+  text += row("plain", result.plain_step_s, result.plain_compared_peak_bytes, result.pytorch_plain, nullptr);
+  for (const ActivationRun& run : result.runs) {
+    text +=
+        row(std::to_string(run.segments), run.step_s, run.compared_peak_bytes, run.pytorch, &run.pytorch_nonreentrant);
+  }
+  text += fmt::format(
+      "target: checkpointing step and peak at most PyTorch's (reentrant and not) at every segment count: {}\n",
+      result.pytorch_target_met() ? "met" : "NOT met");
   return text;
 }
 

@@ -2,6 +2,9 @@
 #include "commands.h"
 
 #include "activation_bench.h"
+#include "python_peer.h"
+
+#include <stowage/error.h>
 
 #include <fmt/format.h>
 
@@ -21,11 +24,21 @@ void add_bench_activation(CLI::App& bench) {
   command->add_option("--batch", config->batch, "rows per step")->check(positive_integer<int64_t>());
   command->add_option("--repetitions", config->repetitions, "timed steps per configuration")
       ->check(positive_integer<int>());
-  command->add_option("--segments", config->segments, "segment counts (default 2 4 8 and round(sqrt(blocks)))")
+  command
+      ->add_option("--segments", config->segments,
+                   "segment counts (default: 2 4 8 up to --blocks, and round(sqrt(blocks)))")
       ->check(positive_integer<int64_t>());
+  command->add_flag("--peer", config->peer,
+                    "also measure PyTorch's torch.utils.checkpoint.checkpoint_sequential (reentrant and not) on the "
+                    "same model (the torch wheel's Python), taking turns with stowage");
+  command->add_flag("!--no-cpu-cache", config->cpu_cache,
+                    "let the CPU allocator release every block a step frees instead of keeping it for the next step");
   auto device = std::make_shared<std::string>("cpu");
   command->add_option("--device", *device, "where the model runs, e.g. cuda:0 (default cpu)");
   command->callback([config, json, device] {
+    if (config->peer && !stowage::bench::python_peer_available()) {
+      throw Error(stowage::bench::python_peer_unavailable_reason());
+    }
     config->device = stowage::cli::parse_device(*device);
     const auto result = stowage::bench::run_activation_bench(*config);
     fmt::print("{}\n", *json ? stowage::bench::to_json(result).dump(2) : stowage::bench::to_text(result));
