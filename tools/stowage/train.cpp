@@ -184,7 +184,7 @@ class Trainer {
     if (!progress_) return;
     if (first_step <= options_.steps) {
       progress_->message(
-          fmt::format("done: steps {}-{} in {:.1f} s, loss {:.3f} -> {:.3f}, peak activations {}, "
+          fmt::format("done: steps {}-{} in {:.3f} s, loss {:.3f} -> {:.3f}, peak activations {}, "
                       "optimizer state resident between steps {}",
                       first_step, options_.steps, seconds_since(run_start), first_loss, last_loss,
                       format_bytes(peak_activation_bytes_), format_bytes(resident_bytes_)));
