@@ -1,14 +1,34 @@
 #include "commands.h"
 
-#include <activation_bench.h>
-#include <dcp_bench.h>
-#include <swap_bench.h>
+#include <memory_timeline.h>
+#include <python_peer.h>
+#include <report.h>
+
+#include <stowage/error.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
 namespace stowage::cli {
 namespace {
+
+using nlohmann::json;
+
+// What `stowage bench` runs with no benchmark named.
+struct RunAllOptions {
+  bool json = false;
+  bool peer = false;   // each benchmark that has a Python peer runs with it
+  bool quick = false;  // small sizes: to see the table or the report work, not for figures
+  std::string report_dir;
+  std::string from;  // instead of running: the report of this saved JSON
+};
 
 // One line of the side-by-side table: a measured ratio against its target.
 struct TargetRow {
@@ -19,81 +39,239 @@ struct TargetRow {
   bool met = false;
 };
 
-std::vector<TargetRow> rows_of(const bench::DcpBenchResult& r) {
-  return {
-      {"dcp", "stage_cached / memcpy", r.stage_cached_gbps / r.memcpy_gbps, ">= 0.8",
-       r.stage_cached_gbps >= 0.8 * r.memcpy_gbps},
-      {"dcp", "save / raw_write", r.save_gbps / r.raw_write_gbps, ">= 0.9", r.save_gbps >= 0.9 * r.raw_write_gbps},
-      {"dcp", "save / torch_save", r.save_gbps / r.torch_save_gbps, ">= 2", r.save_gbps >= 2 * r.torch_save_gbps},
-      {"dcp", "load / torch_load", r.load_gbps / r.torch_load_gbps, ">= 2", r.load_gbps >= 2 * r.torch_load_gbps},
-      {"dcp", "async_block / stage", r.async_block_s / r.stage_s, "<= 1.1", r.async_block_s <= 1.1 * r.stage_s},
-  };
+// Each figure's JSON value, null when absent: a figure whose peer did not run.
+json figure_of(const json& source, const std::string& key) {
+  return source.is_object() && source.contains(key) ? source[key] : json();
 }
 
-std::vector<TargetRow> rows_of(const bench::ActivationBenchResult& r) {
-  const std::string at = fmt::format("at {} segments", r.sqrt_segments);
-  return {
-      {"activation", "activations / plain " + at, r.activation_ratio(), "<= 0.333", r.memory_target_met()},
-      {"activation", "step / plain " + at, r.step_ratio(), "<= 1.4", r.time_target_met()},
-  };
+json ratio(const json& numerator, const json& denominator) {
+  if (!numerator.is_number() || !denominator.is_number() || denominator.get<double>() == 0) return nullptr;
+  return numerator.get<double>() / denominator.get<double>();
 }
 
-std::vector<TargetRow> rows_of(const bench::SwapBenchResult& r) {
-  std::vector<TargetRow> rows;
-  for (const auto& run : r.runs) {
-    const double limit = (2.0 / run.swap_times + 0.05) * r.plain_state_bytes;
-    rows.push_back({"swap", fmt::format("step / plain, swap_times {}", run.swap_times), run.step_s / r.plain_step_s,
-                    "<= 1.5", run.step_s <= 1.5 * r.plain_step_s});
-    rows.push_back({"swap", fmt::format("peak resident / limit, swap_times {}", run.swap_times),
-                    run.peak_resident_during_step_bytes / limit, "<= 1", run.peak_resident_during_step_bytes <= limit});
-  }
-  return rows;
+// Adds a row when `value` is a number: met when it is `relation` ("<=" or ">=") `limit`.
+void add_row(std::vector<TargetRow>& rows, const std::string& benchmark, const std::string& figure, const json& value,
+             const std::string& relation, double limit) {
+  if (!value.is_number()) return;
+  const double v = value.get<double>();
+  rows.push_back(
+      {benchmark, figure, v, fmt::format("{} {:.3g}", relation, limit), relation == "<=" ? v <= limit : v >= limit});
 }
 
-// Every benchmark with its default size, then one table of all targets.
-void run_all(bool as_json) {
-  const auto dcp = bench::run_dcp_bench(bench::DcpBenchOptions());
-  const auto activation = bench::run_activation_bench(bench::ActivationBenchConfig());
-  const auto swap = bench::run_swap_bench(bench::SwapBenchOptions());
-  std::vector<TargetRow> rows = rows_of(dcp);
-  for (auto& row : rows_of(activation)) rows.push_back(row);
-  for (auto& row : rows_of(swap)) rows.push_back(row);
-  if (as_json) {
-    nlohmann::json targets = nlohmann::json::array();
-    for (const auto& row : rows) {
-      targets.push_back({{"benchmark", row.benchmark},
-                         {"figure", row.figure},
-                         {"value", row.value},
-                         {"target", row.target},
-                         {"met", row.met}});
+void add_dcp_rows(std::vector<TargetRow>& rows, const json& r) {
+  const auto f = [&](const char* key) { return figure_of(r, key); };
+  add_row(rows, "dcp", "stage_cached / memcpy", ratio(f("stage_cached_gbps"), f("memcpy_gbps")), ">=", 0.8);
+  add_row(rows, "dcp", "save / raw_write", ratio(f("save_gbps"), f("raw_write_gbps")), ">=", 0.9);
+  add_row(rows, "dcp", "save / torch_save", ratio(f("save_gbps"), f("torch_save_gbps")), ">=", 2);
+  add_row(rows, "dcp", "load / torch_load", ratio(f("load_gbps"), f("torch_load_gbps")), ">=", 2);
+  add_row(rows, "dcp", "async_block / stage", ratio(f("async_block_s"), f("stage_s")), "<=", 1.1);
+  // Against PyTorch DCP, when its peer ran (issue 15).
+  add_row(rows, "dcp", "save / pytorch dcp, 2 threads", ratio(f("save_gbps"), f("pytorch_dcp_save_two_threads_gbps")),
+          ">=", 2);
+  add_row(rows, "dcp", "save / pytorch dcp, 1 thread", ratio(f("save_one_thread_gbps"), f("pytorch_dcp_save_gbps")),
+          ">=", 2);
+  add_row(rows, "dcp", "load / pytorch dcp", ratio(f("load_gbps"), f("pytorch_dcp_load_gbps")), ">=", 2);
+  add_row(rows, "dcp", "async_block DefaultStager / pytorch dcp",
+          ratio(f("async_block_default_stager_s"), f("pytorch_dcp_async_block_s")), "<=", 1);
+  add_row(rows, "dcp", "save peak host / pytorch dcp",
+          ratio(f("save_peak_host_bytes"), f("pytorch_dcp_peak_host_bytes")), "<=", 1);
+}
+
+// Against PyTorch, when its peer ran (issue 15): the ratios the benchmark computes on
+// like-for-like figures ("step_over_pytorch[_nonreentrant]", "peak_over_pytorch[...]").
+// Checkpointed runs must be no slower at no more memory than either of PyTorch's
+// checkpoints; the plain step, the same work in both, no slower.
+void add_activation_peer_rows(std::vector<TargetRow>& rows, const json& r) {
+  add_row(rows, "activation", "plain step / pytorch", figure_of(r, "plain_step_over_pytorch"), "<=", 1);
+  for (const json& run : r.value("runs", json::array())) {
+    const int64_t segments = run.value("segments", int64_t(0));
+    for (const std::string figure : {"step", "peak"}) {
+      for (const auto& [variant, name] : {std::pair{"", "reentrant"}, std::pair{"_nonreentrant", "non-reentrant"}}) {
+        add_row(rows, "activation", fmt::format("{} / pytorch {}, {} segments", figure, name, segments),
+                figure_of(run, figure + "_over_pytorch" + variant), "<=", 1);
+      }
     }
-    fmt::print("{}\n", nlohmann::json{{"dcp", bench::to_json(dcp)},
-                                      {"activation", bench::to_json(activation)},
-                                      {"swap", bench::to_json(swap)},
-                                      {"targets", targets}}
-                           .dump(2));
-    return;
   }
-  fmt::print("{:<11} {:<44} {:>8}  {:<9} {}\n", "benchmark", "figure", "value", "target", "");
+}
+
+void add_activation_rows(std::vector<TargetRow>& rows, const json& r) {
+  const std::string at = fmt::format("at {} segments", r.value("sqrt_segments", 0));
+  add_row(rows, "activation", "activations / plain " + at, figure_of(r, "activation_ratio"), "<=", 1.0 / 3);
+  add_row(rows, "activation", "step / plain " + at, figure_of(r, "step_ratio"), "<=", 1.4);
+  add_activation_peer_rows(rows, r);
+}
+
+void add_swap_rows(std::vector<TargetRow>& rows, const json& r) {
+  for (const json& run : r.value("runs", json::array())) {
+    const int64_t times = run.value("swap_times", int64_t(1));
+    const double limit = (2.0 / static_cast<double>(times) + 0.05) * r.value("plain_state_bytes", 0.0);
+    add_row(rows, "swap", fmt::format("step / plain, swap_times {}", times),
+            ratio(figure_of(run, "step_s"), figure_of(r, "plain_step_s")), "<=", 1.5);
+    add_row(rows, "swap", fmt::format("peak resident / limit, swap_times {}", times),
+            ratio(figure_of(run, "peak_resident_during_step_bytes"), limit), "<=", 1);
+  }
+}
+
+void add_train_rows(std::vector<TargetRow>& rows, const json& r) {
+  add_row(rows, "train", "tokens/s / pytorch's",
+          ratio(figure_of(r, "stowage_tokens_per_s"), figure_of(r, "pytorch_tokens_per_s")), ">=", 1);
+}
+
+// --quick's sizes of each benchmark: seconds each, to try the table or the report.
+std::vector<std::string> quick_args(const std::string& name) {
+  if (name == "dcp") return {"--size-mib", "8"};
+  if (name == "activation") {
+    return {"--blocks", "4", "--width", "64", "--batch", "256", "--repetitions", "1", "--segments", "2"};
+  }
+  if (name == "swap") {
+    return {"--params", "1048576", "--tensors", "16", "--warmup-steps", "0", "--steps", "1", "--cpu-cache-mib", "64"};
+  }
+  if (name == "train") return {"--steps", "10", "--rounds", "1", "--ckpt-every", "5"};
+  return {};
+}
+
+// The command line of each benchmark's run: `stowage bench <name> --json`, with its
+// Python peer's flag (train runs only to compare with its peer) and --quick's sizes.
+std::vector<std::vector<std::string>> benchmark_runs(const RunAllOptions& options) {
+  std::vector<std::string> names{"dcp", "activation", "swap"};
+  if (options.peer) names.emplace_back("train");
+  std::vector<std::vector<std::string>> runs;
+  for (const std::string& name : names) {
+    std::vector<std::string> run{executable_path(), "bench", name, "--json"};
+    if (options.peer && name != "swap") run.emplace_back("--peer");
+    if (options.quick) {
+      for (std::string& arg : quick_args(name)) run.push_back(std::move(arg));
+    }
+    runs.push_back(run);
+  }
+  return runs;
+}
+
+// Runs `argv` (a `stowage bench <name> --json`) as a child process: each benchmark in a
+// process of its own, exactly as when run by name, so that a peer is started by the
+// subcommand that owns it. Returns the JSON object it printed; its stderr is ours.
+json run_benchmark(const std::vector<std::string>& argv) {
+  std::string command;
+  for (const std::string& arg : argv) {
+    std::string quoted = "'";
+    for (const char c : arg) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    command += quoted + "' ";
+  }
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) throw Error(fmt::format("bench: cannot start '{}'", command));
+  std::string output;
+  char buffer[4096];
+  for (size_t n; (n = fread(buffer, 1, sizeof buffer, pipe)) > 0;) output.append(buffer, n);
+  const int status = pclose(pipe);
+  const size_t start = output.find('{');
+  json result = start == std::string::npos ? json() : json::parse(output.substr(start), nullptr, false);
+  if (status != 0 || !result.is_object()) {
+    throw Error(fmt::format("bench: '{}' failed (status {}); it printed: {}", command, status, output.substr(0, 400)));
+  }
+  return result;
+}
+
+json memory_timeline(bool quick) {
+  bench::MemoryTimelineOptions options;
+  if (quick) {
+    options.blocks = 4;
+    options.width = 64;
+    options.batch = 256;
+    options.segments = 2;
+    options.swap_times = 2;
+  }
+  return bench::to_json(bench::run_memory_timeline(options));
+}
+
+json targets_json(const std::vector<TargetRow>& rows) {
+  json targets = json::array();
   for (const auto& row : rows) {
-    fmt::print("{:<11} {:<44} {:>8.3f}  {:<9} {}\n", row.benchmark, row.figure, row.value, row.target,
-               row.met ? "met" : "NOT met");
+    targets.push_back({{"benchmark", row.benchmark},
+                       {"figure", row.figure},
+                       {"value", row.value},
+                       {"target", row.target},
+                       {"met", row.met}});
   }
+  return targets;
+}
+
+// The report of a run saved earlier: `stowage bench --json`'s output, or a report.json.
+void report_from_file(const RunAllOptions& options) {
+  if (options.report_dir.empty()) throw InvalidArgument("bench: --from needs --report DIR");
+  std::ifstream in(options.from);
+  json results = in ? json::parse(in, nullptr, false) : json();
+  if (results.is_object() && results.contains("results")) results = results["results"];
+  if (!results.is_object()) {
+    throw InvalidArgument(fmt::format("bench: --from '{}' is no readable JSON object", options.from));
+  }
+  bench::write_report(options.report_dir, results);
+  fmt::print(stderr, "report: {}/index.html\n", options.report_dir);
+}
+
+// Every benchmark with its default size (or --quick's), then one table of all targets,
+// and with --report the HTML report of it all.
+void run_all(const RunAllOptions& options) {
+  if (options.peer && !bench::python_peer_available()) throw Error(bench::python_peer_unavailable_reason());
+  if (!options.report_dir.empty()) bench::prepare_report_dir(options.report_dir);
+  json results;
+  std::vector<TargetRow> rows;
+  for (const auto& argv : benchmark_runs(options)) {
+    const std::string& name = argv[2];
+    results[name] = run_benchmark(argv);
+    if (name == "dcp") add_dcp_rows(rows, results[name]);
+    if (name == "activation") add_activation_rows(rows, results[name]);
+    if (name == "swap") add_swap_rows(rows, results[name]);
+    if (name == "train") add_train_rows(rows, results[name]);
+  }
+  results["targets"] = targets_json(rows);
+  if (!options.report_dir.empty()) {
+    results["memory_timeline"] = memory_timeline(options.quick);
+    bench::write_report(options.report_dir, results);
+  }
+  if (options.json) {
+    fmt::print("{}\n", results.dump(2));
+  } else {
+    fmt::print("{:<11} {:<44} {:>8}  {:<9} {}\n", "benchmark", "figure", "value", "target", "");
+    for (const auto& row : rows) {
+      fmt::print("{:<11} {:<44} {:>8.3f}  {:<9} {}\n", row.benchmark, row.figure, row.value, row.target,
+                 row.met ? "met" : "NOT met");
+    }
+  }
+  if (!options.report_dir.empty()) fmt::print(stderr, "report: {}/index.html\n", options.report_dir);
 }
 
 }  // namespace
 
 void add_bench_command(CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "Run one benchmark, or all of them (one table) without a name");
-  auto json = std::make_shared<bool>(false);
-  bench->add_flag("--json", *json, "with no benchmark named: print every figure as JSON");
+  auto options = std::make_shared<RunAllOptions>();
+  bench->add_flag("--json", options->json, "with no benchmark named: print every figure as JSON");
+  bench->add_flag("--peer", options->peer,
+                  "with no benchmark named: also measure PyTorch's own tools (Python peers; needs the torch wheel)");
+  bench->add_flag("--quick", options->quick, "with no benchmark named: small sizes, to try the table or the report");
+  bench
+      ->add_option("--report", options->report_dir,
+                   "with no benchmark named: also write DIR/index.html (charts of every figure beside its peer and "
+                   "limit, memory over a training step) and DIR/report.json")
+      ->option_text("DIR");
+  bench
+      ->add_option("--from", options->from,
+                   "with --report: instead of running, draw the report of a saved run (the JSON `stowage bench "
+                   "--json` printed, or a report.json)")
+      ->option_text("FILE");
   add_bench_activation(*bench);
   add_bench_swap(*bench);
   add_bench_dcp(*bench);
   add_bench_grad_sync(*bench);
   add_bench_interop(*bench);
-  bench->callback([bench, json] {
-    if (bench->get_subcommands().empty()) run_all(*json);
+  add_bench_train(*bench);
+  bench->callback([bench, options] {
+    if (!bench->get_subcommands().empty()) return;
+    if (options->from.empty()) {
+      run_all(*options);
+    } else {
+      report_from_file(*options);
+    }
   });
 }
 
