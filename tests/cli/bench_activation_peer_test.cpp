@@ -8,37 +8,16 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 namespace stowage::testing {
 namespace {
 
-// The Python this build runs its benchmark peers with (CMake's STOWAGE_PYTHON, from the
-// build's cache); empty for a build on Debian's LibTorch.
-std::string activation_peer_python() {
-  std::ifstream cache(std::string(STOWAGE_BINARY_DIR) + "/CMakeCache.txt");
-  const std::string key = "STOWAGE_PYTHON:FILEPATH=";
-  for (std::string line; std::getline(cache, line);) {
-    if (line.rfind(key, 0) == 0) return line.substr(key.size());
-  }
-  return "";
-}
-
-// The output's JSON object: from its first line that opens one (LibTorch and the peer's
-// Python may print warnings before it).
-nlohmann::json activation_json(const std::string& output) {
-  const size_t start = output.find("\n{");
-  const std::string text = output.rfind('{', 0) == 0 ? output : start == std::string::npos ? "" : output.substr(start);
-  return nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-}
-
 // Small, yet each activation spans pages, so that every peak rises above the start.
 const char* const kTiny = " bench activation --blocks 4 --width 64 --batch 512 --repetitions 1";
 
 TEST(BenchActivationPeer, WithoutTheWheelsPythonSaysSoInOneLineAndFails) {
-  if (!activation_peer_python().empty()) GTEST_SKIP() << "this build has the torch wheel's Python";
+  if (!peer_python().empty()) GTEST_SKIP() << "this build has the torch wheel's Python";
   const auto result = run_command(stowage_binary() + kTiny + " --peer --json");
   EXPECT_NE(result.status, 0) << result.output;
   EXPECT_EQ(std::count(result.output.begin(), result.output.end(), '\n'), 1) << result.output;
@@ -47,10 +26,10 @@ TEST(BenchActivationPeer, WithoutTheWheelsPythonSaysSoInOneLineAndFails) {
 }
 
 TEST(BenchActivationPeer, JsonHasEveryFigureOfBothSides) {
-  if (activation_peer_python().empty()) GTEST_SKIP() << "built without STOWAGE_PYTHON (the torch wheel's Python)";
+  if (peer_python().empty()) GTEST_SKIP() << "built without STOWAGE_PYTHON (the torch wheel's Python)";
   const auto result = run_command(stowage_binary() + kTiny + " --peer --json");
   ASSERT_EQ(result.status, 0) << result.output;
-  const nlohmann::json figures = activation_json(result.output);
+  const nlohmann::json figures = json_in_output(result.output);
   ASSERT_TRUE(figures.is_object()) << result.output;
   for (const char* key : {"plain_step_s", "plain_peak_bytes", "plain_compared_peak_bytes", "pytorch_plain_step_s",
                           "pytorch_plain_peak_bytes", "plain_step_over_pytorch", "plain_peak_over_pytorch"}) {
@@ -77,7 +56,7 @@ TEST(BenchActivationPeer, JsonHasEveryFigureOfBothSides) {
 }
 
 TEST(BenchActivationPeer, TextHasThePeersColumns) {
-  if (activation_peer_python().empty()) GTEST_SKIP() << "built without STOWAGE_PYTHON (the torch wheel's Python)";
+  if (peer_python().empty()) GTEST_SKIP() << "built without STOWAGE_PYTHON (the torch wheel's Python)";
   const auto result = run_command(stowage_binary() + kTiny + " --peer --segments 2");
   ASSERT_EQ(result.status, 0) << result.output;
   EXPECT_NE(result.output.find("against PyTorch 2."), std::string::npos) << result.output;

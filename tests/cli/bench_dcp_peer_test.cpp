@@ -9,8 +9,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include <unistd.h>
 
@@ -18,29 +16,8 @@ namespace stowage::testing {
 namespace {
 namespace fs = std::filesystem;
 
-// The Python this build runs its benchmark peers with (CMake's STOWAGE_PYTHON, from the
-// build's cache); empty for a build on Debian's LibTorch.
-std::string dcp_peer_python() {
-  std::ifstream cache(std::string(STOWAGE_BINARY_DIR) + "/CMakeCache.txt");
-  const std::string key = "STOWAGE_PYTHON:FILEPATH=";
-  for (std::string line; std::getline(cache, line);) {
-    if (line.rfind(key, 0) == 0) return line.substr(key.size());
-  }
-  return "";
-}
-
-// The last line of the output that starts a JSON object (LibTorch may log before it).
-nlohmann::json last_json_object(const std::string& output) {
-  std::istringstream lines(output);
-  std::string last;
-  for (std::string line; std::getline(lines, line);) {
-    if (!line.empty() && line.front() == '{') last = line;
-  }
-  return nlohmann::json::parse(last, nullptr, /*allow_exceptions=*/false);
-}
-
 TEST(BenchDcpPeer, WithoutTheWheelsPythonSaysSoInOneLineAndFails) {
-  if (!dcp_peer_python().empty()) GTEST_SKIP() << "this build has the torch wheel's Python";
+  if (!peer_python().empty()) GTEST_SKIP() << "this build has the torch wheel's Python";
   const auto result = run_command(stowage_binary() + " bench dcp --peer --size-mib 1");
   EXPECT_NE(result.status, 0) << result.output;
   EXPECT_EQ(std::count(result.output.begin(), result.output.end(), '\n'), 1) << result.output;
@@ -48,14 +25,14 @@ TEST(BenchDcpPeer, WithoutTheWheelsPythonSaysSoInOneLineAndFails) {
 }
 
 TEST(BenchDcpPeer, JsonHasEveryFigureOfBothSidesAndTheScratchSpaceIsRemoved) {
-  if (dcp_peer_python().empty()) GTEST_SKIP() << "built without STOWAGE_PYTHON (the torch wheel's Python)";
+  if (peer_python().empty()) GTEST_SKIP() << "built without STOWAGE_PYTHON (the torch wheel's Python)";
   const fs::path dir = fs::temp_directory_path() / ("stowage-bench-dcp-peer-test-" + std::to_string(getpid()));
   fs::create_directories(dir);
   // The peer checks every value its dcp.load read back from the checkpoint its dcp.save
   // wrote, and fails the run otherwise.
   const auto result = run_command(stowage_binary() + " bench dcp --peer --size-mib 4 --json --dir " + dir.string());
   ASSERT_EQ(result.status, 0) << result.output;
-  const nlohmann::json figures = last_json_object(result.output);
+  const nlohmann::json figures = json_in_output(result.output);
   ASSERT_TRUE(figures.is_object()) << result.output;
   for (const char* key :
        {"pytorch_dcp_save_gbps", "pytorch_dcp_save_two_threads_gbps", "pytorch_dcp_async_block_s",

@@ -9,35 +9,12 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include <unistd.h>
 
 namespace stowage::testing {
 namespace {
 namespace fs = std::filesystem;
-
-// The Python this build runs its benchmark peers with (CMake's STOWAGE_PYTHON, from the
-// build's cache); empty for a build on Debian's LibTorch.
-std::string train_peer_python() {
-  std::ifstream cache(std::string(STOWAGE_BINARY_DIR) + "/CMakeCache.txt");
-  const std::string key = "STOWAGE_PYTHON:FILEPATH=";
-  for (std::string line; std::getline(cache, line);) {
-    if (line.rfind(key, 0) == 0) return line.substr(key.size());
-  }
-  return "";
-}
-
-// The benchmark's JSON object: its output's last line that starts one.
-nlohmann::json train_bench_json(const std::string& output) {
-  std::istringstream lines(output);
-  std::string last;
-  for (std::string line; std::getline(lines, line);) {
-    if (!line.empty() && line.front() == '{') last = line;
-  }
-  return nlohmann::json::parse(last, nullptr, /*allow_exceptions=*/false);
-}
 
 // A scratch directory of the test's own, removed at the end.
 struct TrainBenchDir {
@@ -47,7 +24,7 @@ struct TrainBenchDir {
 };
 
 TEST(BenchTrainPeer, WithoutTheWheelsPythonSaysSoInOneLineAndFails) {
-  if (!train_peer_python().empty()) GTEST_SKIP() << "this build has the torch wheel's Python";
+  if (!peer_python().empty()) GTEST_SKIP() << "this build has the torch wheel's Python";
   const auto result = run_command(stowage_binary() + " bench train --peer --steps 2");
   EXPECT_NE(result.status, 0) << result.output;
   EXPECT_EQ(std::count(result.output.begin(), result.output.end(), '\n'), 1) << result.output;
@@ -59,7 +36,7 @@ TEST(BenchTrain, WithoutPeerMeasuresStowageAlone) {
   const auto result = run_command(stowage_binary() + " bench train --steps 4 --ckpt-every 2 --rounds 1 --json --dir " +
                                   dir.path.string());
   ASSERT_EQ(result.status, 0) << result.output;
-  const nlohmann::json figures = train_bench_json(result.output);
+  const nlohmann::json figures = json_in_output(result.output);
   ASSERT_TRUE(figures.is_object()) << result.output;
   EXPECT_GT(figures["stowage_tokens_per_s"].get<double>(), 0);
   EXPECT_EQ(figures["tokens"].get<int64_t>(), 4 * 16 * 64);
@@ -68,13 +45,13 @@ TEST(BenchTrain, WithoutPeerMeasuresStowageAlone) {
 }
 
 TEST(BenchTrainPeer, JsonHasBothSidesTrainingTheSameModelOnTheSameData) {
-  if (train_peer_python().empty()) GTEST_SKIP() << "built without STOWAGE_PYTHON (the torch wheel's Python)";
+  if (peer_python().empty()) GTEST_SKIP() << "built without STOWAGE_PYTHON (the torch wheel's Python)";
   const TrainBenchDir dir;
   // The PyTorch script's checkpoints are checked for their .metadata by the benchmark.
   const auto result = run_command(stowage_binary() + " bench train --peer --steps 4 --ckpt-every 2 --rounds 1 --json " +
                                   "--dir " + dir.path.string());
   ASSERT_EQ(result.status, 0) << result.output;
-  const nlohmann::json figures = train_bench_json(result.output);
+  const nlohmann::json figures = json_in_output(result.output);
   ASSERT_TRUE(figures.is_object()) << result.output;
   for (const char* key : {"stowage_tokens_per_s", "pytorch_tokens_per_s", "stowage_over_pytorch_tokens_per_s",
                           "stowage_seconds", "pytorch_seconds"}) {

@@ -2,6 +2,8 @@
 
 // Runs the built `stowage` tool as a real child process.
 
+#include <nlohmann/json.hpp>
+
 #include <cstdio>
 #include <string>
 
@@ -26,6 +28,20 @@ inline CommandResult run_command(const std::string& command) {
   const int status = pclose(pipe);
   result.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return result;
+}
+
+// The Python this build runs its benchmark peers with (CMake's STOWAGE_PYTHON, the torch
+// wheel's); empty for a build on Debian's LibTorch.
+inline std::string peer_python() {
+  return STOWAGE_PYTHON;
+}
+
+// The JSON object a command printed: from the first line that opens one to the end
+// (LibTorch and a peer's Python may print warnings before it); null if there is none.
+inline nlohmann::json json_in_output(const std::string& output) {
+  const size_t start = output.rfind('{', 0) == 0 ? 0 : output.find("\n{");
+  if (start == std::string::npos) return nullptr;
+  return nlohmann::json::parse(output.substr(start), nullptr, /*allow_exceptions=*/false);
 }
 
 }  // namespace stowage::testing
