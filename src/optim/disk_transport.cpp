@@ -257,7 +257,8 @@ class DiskTransport final : public SwapTransport {
   at::Tensor keep_on_device(int64_t b, size_t u, const UnitSlot& slot) override {
     // Once downloaded, the buffer holds the batch (nothing is read into it after a write
     // that did not succeed), while the arena may hold batch b + 2 already.
-    if (came_down(b)) return buffer_state(b, u, slot).to(device_, /*non_blocking=*/false, /*copy=*/true);
+    if (copies_succeeded(engine_, downloaded_[b]))
+      return buffer_state(b, u, slot).to(device_, /*non_blocking=*/false, /*copy=*/true);
     return packed_ ? device_state(b, u, slot).clone() : device_state(b, u, slot);
   }
 
@@ -304,16 +305,6 @@ class DiskTransport final : public SwapTransport {
     throw IoError(fmt::format("Swap optimizer disk tier: cannot {} the scratch file '{}' at offset {}: {}", operation,
                               first.file, first.offset, std::strerror(error)),
                   first.file, operation, error);
-  }
-
-  bool came_down(int64_t b) {
-    if (!downloaded_[b]) return false;
-    try {
-      engine_.synchronize(*downloaded_[b]);
-      return true;
-    } catch (...) {
-      return false;
-    }
   }
 
   char* buffer_bytes(int64_t b) const { return static_cast<char*>(tier_.buffers[b % tier_.buffer_count].data_ptr()); }

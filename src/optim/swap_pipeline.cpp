@@ -23,6 +23,16 @@ int64_t Batches::batch_of(size_t u) const {
   return std::upper_bound(first_unit_.begin(), first_unit_.end(), u) - first_unit_.begin() - 1;
 }
 
+bool copies_succeeded(memory::CopyEngine& engine, const c10::optional<CopyEvent>& event) {
+  if (!event) return false;
+  try {
+    engine.synchronize(*event);
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
 namespace {
 
 // One step's run of the pipeline, with what a failure needs to know.
@@ -79,15 +89,7 @@ class Pipeline {
     uploaded_[b] = engine_.record(CopyLane::kHostToDevice);
   }
 
-  bool downloaded(int64_t b) {
-    if (!downloaded_[b]) return false;
-    try {
-      engine_.synchronize(*downloaded_[b]);
-      return true;
-    } catch (...) {
-      return false;
-    }
-  }
+  bool downloaded(int64_t b) { return copies_succeeded(engine_, downloaded_[b]); }
 
   [[noreturn]] void recover(const std::exception_ptr& cause) {
     std::vector<int64_t> redone;

@@ -34,6 +34,10 @@ class Batches {
   std::vector<size_t> first_unit_;  // count() + 1 entries, from 0 to the number of units
 };
 
+// Whether `event` was recorded and every copy before it on its lane succeeded; blocks
+// until they have run.
+bool copies_succeeded(memory::CopyEngine& engine, const c10::optional<memory::CopyEvent>& event);
+
 // How the swapped states of a batch reach the device and come back. Every copy goes
 // through the copy engine the transport was made with; the driver records the events.
 class SwapTransport {

@@ -29,7 +29,8 @@
 // back from its buffer once downloaded; step() returns once every write is done. A
 // failed read or write is a failure like a failed copy (below): the batches already
 // updated whose write did not succeed are written again from their buffer, or, failing
-// that, stay on the device until the next step, which moves them into new files.
+// that, stay on the device until the next step, which moves them into new files. As with
+// any mapping, reading a state after its disk failed under it raises SIGBUS.
 //
 // Failures in step():
 //  - Strong guarantee for bad input: a closure, a sparse gradient, a gradient whose dtype,
