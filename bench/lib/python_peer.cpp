@@ -48,6 +48,7 @@ PythonPeer::PythonPeer(const std::string& script, const std::vector<std::string>
   std::vector<std::string> argv_strings{kPython, "-u", path};
   argv_strings.insert(argv_strings.end(), args.begin(), args.end());
   std::vector<char*> argv;
+  argv.reserve(argv_strings.size() + 1);
   for (std::string& arg : argv_strings) argv.push_back(arg.data());
   argv.push_back(nullptr);
 
