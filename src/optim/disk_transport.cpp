@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <cstring>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -295,16 +294,13 @@ class DiskTransport final : public SwapTransport {
 
   // What an injected fault does: a failed write gets half of its first range out first.
   void fail_as_injected(IoOp op, std::vector<IoRequest> requests, int error) {
-    if (op == IoOp::kWrite && !requests.empty()) {
-      requests.resize(1);
+    if (requests.empty()) throw_io_error(op, "", 0, 0, error);  // a batch with nothing swapped
+    requests.resize(1);
+    if (op == IoOp::kWrite) {
       requests[0].bytes = align_up(requests[0].bytes / 2, kDiskAlignmentBytes);
       tier_.io->run(op, requests);
     }
-    const IoRequest& first = requests.front();
-    const char* operation = op == IoOp::kRead ? "read" : "write";
-    throw IoError(fmt::format("Swap optimizer disk tier: cannot {} the scratch file '{}' at offset {}: {}", operation,
-                              first.file, first.offset, std::strerror(error)),
-                  first.file, operation, error);
+    throw_io_error(op, requests[0].file, requests[0].offset, requests[0].bytes, error);
   }
 
   char* buffer_bytes(int64_t b) const { return static_cast<char*>(tier_.buffers[b % tier_.buffer_count].data_ptr()); }

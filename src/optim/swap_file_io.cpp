@@ -42,10 +42,7 @@ const char* operation_of(IoOp op) {
 }
 
 [[noreturn]] void throw_io_error(IoOp op, const Block& block, int error_number) {
-  throw IoError(
-      fmt::format("Swap optimizer disk tier: cannot {} {} bytes at offset {} of the scratch file '{}': {}",
-                  operation_of(op), block.bytes, block.offset, block.request->file, std::strerror(error_number)),
-      block.request->file, operation_of(op), error_number);
+  throw_io_error(op, block.request->file, block.offset, block.bytes, error_number);
 }
 
 // The first failure of a call: its block and errno.
@@ -218,6 +215,12 @@ class ThreadIo final : public SwapFileIo {
 };
 
 }  // namespace
+
+void throw_io_error(IoOp op, const std::string& file, int64_t offset, int64_t bytes, int error_number) {
+  throw IoError(fmt::format("Swap optimizer disk tier: cannot {} {} bytes at offset {} of the scratch file '{}': {}",
+                            operation_of(op), bytes, offset, file, std::strerror(error_number)),
+                file, operation_of(op), error_number);
+}
 
 std::unique_ptr<SwapFileIo> make_swap_file_io(SwapIoPath path) {
   if (path != SwapIoPath::kThreads) {

@@ -43,6 +43,10 @@ class SwapFileIo {
   virtual void run(IoOp op, const std::vector<IoRequest>& requests) = 0;
 };
 
+// The stowage::IoError of a read or write of `bytes` at `offset` of `file` that failed
+// with `error_number`.
+[[noreturn]] void throw_io_error(IoOp op, const std::string& file, int64_t offset, int64_t bytes, int error_number);
+
 // kAuto gives io_uring if the kernel sets a ring up, else threads. kIoUring throws
 // stowage::IoError when the kernel refuses a ring.
 std::unique_ptr<SwapFileIo> make_swap_file_io(SwapIoPath path);

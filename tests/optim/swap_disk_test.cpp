@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
+#include <string>
 
 #include <unistd.h>
 
@@ -54,6 +55,21 @@ struct DiskPair {
   void expect_matches_plain() {
     testing::expect_params_equal(plain_params, params);
     testing::expect_state_dicts_equal(testing::plain_state_dict(plain), swap->state_dict());
+  }
+  // Step `step` with `injector` failing the swap's I/O: the step's error message (a test
+  // failure if it did not throw). The injector is removed again.
+  std::string failing_step(int step, detail::DiskFaultInjector injector) {
+    detail::set_disk_fault_injector(*swap, std::move(injector));
+    set_grads(params, step);
+    std::string message;
+    try {
+      swap->step();
+      ADD_FAILURE() << "step() did not throw";
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    detail::set_disk_fault_injector(*swap, nullptr);
+    return message;
   }
   // After a failed step: the plain optimizer takes it with gradients for the parameters
   // the swap updated (those whose step count moved), then both must agree.
@@ -142,19 +158,12 @@ TEST_P(SwapDiskTier, AFailedReadStopsTheStepAndTheOptimizerGoesOn) {
     SCOPED_TRACE("read of batch " + std::to_string(batch));
     DiskPair pair(disk_tier_config(GetParam()));
     pair.step(0);
-    detail::set_disk_fault_injector(*pair.swap,
-                                    [&](IoOp op, int64_t b) { return op == IoOp::kRead && b == batch ? EIO : 0; });
-    set_grads(pair.params, 1);
-    try {
-      pair.swap->step();
-      FAIL() << "step() did not throw";
-    } catch (const Error& e) {
-      EXPECT_THAT(e.what(), HasSubstr("Input/output error"));
-      // Batch b is read while batch b - 1 is updated, and waited for when b - 2 is done.
-      EXPECT_THAT(e.what(),
-                  HasSubstr(fmt::format("the update stopped in batch {} of 4", std::max<int64_t>(0, batch - 1))));
-    }
-    detail::set_disk_fault_injector(*pair.swap, nullptr);
+    const std::string message =
+        pair.failing_step(1, [&](IoOp op, int64_t b) { return op == IoOp::kRead && b == batch ? EIO : 0; });
+    EXPECT_THAT(message, HasSubstr("Input/output error"));
+    // Batch b is read while batch b - 1 is updated, and waited for when b - 2 is done.
+    EXPECT_THAT(message,
+                HasSubstr(fmt::format("the update stopped in batch {} of 4", std::max<int64_t>(0, batch - 1))));
     pair.catch_up_after_failed_step(1, 2);
     pair.step(2);
     pair.expect_matches_plain();
@@ -167,18 +176,10 @@ TEST_P(SwapDiskTier, AWriteThatRunsOutOfSpaceOnceIsWrittenAgain) {
     DiskPair pair(disk_tier_config(GetParam()).buffer_count(2));
     pair.step(0);
     int failures = 0;
-    detail::set_disk_fault_injector(*pair.swap, [&](IoOp op, int64_t b) {
-      return op == IoOp::kWrite && b == batch && failures++ == 0 ? ENOSPC : 0;
-    });
-    set_grads(pair.params, 1);
-    try {
-      pair.swap->step();
-      FAIL() << "step() did not throw";
-    } catch (const Error& e) {
-      EXPECT_THAT(e.what(), HasSubstr("No space left on device"));
-      EXPECT_THAT(e.what(), HasSubstr("downloaded again"));
-    }
-    detail::set_disk_fault_injector(*pair.swap, nullptr);
+    const std::string message = pair.failing_step(
+        1, [&](IoOp op, int64_t b) { return op == IoOp::kWrite && b == batch && failures++ == 0 ? ENOSPC : 0; });
+    EXPECT_THAT(message, HasSubstr("No space left on device"));
+    EXPECT_THAT(message, HasSubstr("downloaded again"));
     pair.catch_up_after_failed_step(1, 2);
     pair.step(2);
     pair.expect_matches_plain();
@@ -188,17 +189,10 @@ TEST_P(SwapDiskTier, AWriteThatRunsOutOfSpaceOnceIsWrittenAgain) {
 TEST_P(SwapDiskTier, StatesThatCannotBeWrittenStayOnTheDeviceUntilTheNextStep) {
   DiskPair pair(disk_tier_config(GetParam()));
   pair.step(0);
-  detail::set_disk_fault_injector(*pair.swap,
-                                  [](IoOp op, int64_t b) { return op == IoOp::kWrite && b == 1 ? ENOSPC : 0; });
-  set_grads(pair.params, 1);
-  try {
-    pair.swap->step();
-    FAIL() << "step() did not throw";
-  } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("No space left on device"));
-    EXPECT_THAT(e.what(), HasSubstr("stay on the device until the next step"));
-  }
-  detail::set_disk_fault_injector(*pair.swap, nullptr);
+  const std::string message =
+      pair.failing_step(1, [](IoOp op, int64_t b) { return op == IoOp::kWrite && b == 1 ? ENOSPC : 0; });
+  EXPECT_THAT(message, HasSubstr("No space left on device"));
+  EXPECT_THAT(message, HasSubstr("stay on the device until the next step"));
   pair.catch_up_after_failed_step(1, 2);
   pair.step(2);
   pair.expect_matches_plain();
