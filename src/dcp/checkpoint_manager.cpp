@@ -2,9 +2,12 @@
 #include <stowage/dcp/metadata.h>
 #include <stowage/error.h>
 
+#include "dcp/internal.h"
 #include "decimal.h"
+#include "exception_message.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -24,6 +27,29 @@ std::optional<int64_t> step_of(const std::string& name) {
   const size_t prefix = std::char_traits<char>::length(kStepPrefix);
   if (name.rfind(kStepPrefix, 0) != 0) return std::nullopt;
   return parse_decimal_digits(name.substr(prefix));
+}
+
+// Whether a load failed because the checkpoint could not be read (on every rank that
+// failed), rather than because the state dict does not match it.
+bool is_unreadable(const std::exception& error) {
+  if (dynamic_cast<const CorruptionError*>(&error) != nullptr || dynamic_cast<const IoError*>(&error) != nullptr) {
+    return true;
+  }
+  const auto* failed = dynamic_cast<const CheckpointError*>(&error);
+  return failed != nullptr && std::all_of(failed->failures().begin(), failed->failures().end(), [](const auto& item) {
+           return item.second.kind == RankFailure::Kind::kIo || item.second.kind == RankFailure::Kind::kCorruption;
+         });
+}
+
+// Hands restore()'s skipped checkpoints to the caller, or warns of each.
+void report_skipped(std::vector<SkippedCheckpoint> unreadable, std::vector<SkippedCheckpoint>* skipped) {
+  if (skipped != nullptr) {
+    skipped->insert(skipped->end(), unreadable.begin(), unreadable.end());
+    return;
+  }
+  for (const SkippedCheckpoint& checkpoint : unreadable) {
+    TORCH_WARN("CheckpointManager::restore skipped ", checkpoint.path, ", which could not be read: ", checkpoint.error);
+  }
 }
 
 double seconds_between(Clock::time_point from, Clock::time_point to) {
@@ -120,7 +146,7 @@ bool CheckpointManager::save(int64_t step, const StateDict& state, bool force) {
   pending->path = checkpoint_path(step);
   pending->writer = std::make_unique<FileSystemWriter>(pending->path, FileSystemWriterOptions().env(options_.env()));
   pending->started = Clock::now();
-  pending->response = async_save(state, *pending->writer, &stager_, {}, group_);
+  pending->response = async_save(state, *pending->writer, &stager_, options_.save_options(), group_);
   pending->blocked_s = seconds_between(pending->started, Clock::now());
   pending->watcher = std::thread([upload = pending->response.upload_completion, &committed = pending->committed] {
     upload.wait();
@@ -184,20 +210,52 @@ void CheckpointManager::prune() const {
   }
 }
 
-std::optional<int64_t> CheckpointManager::restore(StateDict& state, LoadOptions options) {
-  // Rank 0 picks the checkpoint, so that every rank loads the same one.
-  std::string path;
+std::optional<int64_t> CheckpointManager::restore(StateDict& state, LoadOptions options,
+                                                  std::vector<SkippedCheckpoint>* skipped) {
+  // Rank 0 names each checkpoint to try, newest first, so that every rank loads the
+  // same one; with a group every rank sees the same outcome of each load.
+  std::vector<ManagedCheckpoint> candidates;
   if (!group_ || group_->rank() == 0) {
-    if (const std::optional<ManagedCheckpoint> newest = latest()) path = newest->path;
+    for (const ManagedCheckpoint& checkpoint : list()) {
+      if (checkpoint.committed) candidates.insert(candidates.begin(), checkpoint);
+    }
   }
-  if (group_) path = group_->broadcast(path, 0);
-  if (path.empty()) return std::nullopt;
-  FileSystemReader reader(path, options_.env());
-  load(state, reader, options, group_);
-  const std::optional<int64_t> step = step_of(fs::path(path).filename().string());
-  TORCH_INTERNAL_ASSERT(step, "restored checkpoint ", path, " has no step in its name");
-  last_saved_step_ = std::max(last_saved_step_, *step);
-  return step;
+  std::vector<SkippedCheckpoint> unreadable;
+  std::exception_ptr newest_error;
+  for (size_t attempt = 0;; ++attempt) {
+    std::string path = attempt < candidates.size() ? candidates[attempt].path : std::string();
+    if (group_) path = group_->broadcast(path, 0);
+    if (path.empty()) break;
+    const std::optional<int64_t> step = step_of(fs::path(path).filename().string());
+    TORCH_INTERNAL_ASSERT(step, "restored checkpoint ", path, " has no step in its name");
+    try {
+      FileSystemReader reader(path, options_.env());
+      load(state, reader, options, group_);
+    } catch (const std::exception& error) {
+      if (!options_.restore_falls_back() || !is_unreadable(error)) throw;
+      if (!newest_error) newest_error = std::current_exception();
+      unreadable.push_back(SkippedCheckpoint{*step, path, exception_message(error)});
+      continue;
+    }
+    report_skipped(std::move(unreadable), skipped);
+    last_saved_step_ = std::max(last_saved_step_, *step);
+    return step;
+  }
+  if (!newest_error) return std::nullopt;
+  std::vector<std::string> tried;
+  for (const SkippedCheckpoint& checkpoint : unreadable) tried.push_back(std::to_string(checkpoint.step));
+  const std::string context = fmt::format(
+      "CheckpointManager::restore: none of the committed checkpoints of {} "
+      "could be read (steps {}, newest first); the newest's error: ",
+      directory_, fmt::join(tried, ", "));
+  report_skipped(std::move(unreadable), skipped);
+  try {
+    std::rethrow_exception(newest_error);
+  } catch (const CheckpointError&) {
+    throw;  // its failures by rank say the rest
+  } catch (const Error&) {
+    detail::rethrow_in_context(context, "");
+  }
 }
 
 }  // namespace stowage::dcp

@@ -47,25 +47,6 @@ std::string describe(c10::ScalarType dtype, c10::IntArrayRef shape) {
   return fmt::format("{} [{}]", c10::toString(dtype), fmt::join(shape, ", "));
 }
 
-// Replaces the leaf at `path` inside `root`; containers are shared, so this edits the
-// caller's nested dicts and lists.
-void set_leaf(StateDict& root, const ObjectPath& path, const c10::IValue& value) {
-  if (path.size() == 1) {
-    root.insert_or_assign(std::get<std::string>(path.front()), value);
-    return;
-  }
-  c10::IValue parent = root.at(std::get<std::string>(path.front()));
-  for (size_t i = 1; i + 1 < path.size(); ++i) {
-    parent = parent.isGenericDict() ? parent.toGenericDict().at(std::get<std::string>(path[i]))
-                                    : parent.toList().get(std::get<int64_t>(path[i]));
-  }
-  if (parent.isGenericDict()) {
-    parent.toGenericDict().insert_or_assign(std::get<std::string>(path.back()), value);
-  } else {
-    parent.toList().set(std::get<int64_t>(path.back()), value);
-  }
-}
-
 // A tensor to fill from the checkpoint: `destination` holds the box `box` of the saved
 // tensor (all of it unless it is a shard).
 struct TensorFill {
@@ -104,6 +85,7 @@ class LoadPlanner {
     for (const FlatEntry& entry : flat.entries()) {
       const EntryMetadata* saved = find(entry);
       if (saved == nullptr) {
+        refuse_saved_container(entry);
         require_partial(entry.fqn);
         continue;
       }
@@ -230,6 +212,27 @@ class LoadPlanner {
     const at::Tensor& destination = entry.value.toTensor();
     check_writable_destination(destination, fmt::format("load: entry '{}'", entry.fqn));
     fills_.push_back(TensorFill{saved, destination, std::move(box)});
+  }
+
+  // An entry the checkpoint lacks but holds entries under is no missing entry, whatever
+  // allow_partial_load says: the structures differ. A plain empty container (a fresh
+  // optimizer's plain state dict, whose "state" is {}) cannot gain them.
+  void refuse_saved_container(const FlatEntry& entry) const {
+    std::vector<std::string> below;
+    for (const EntryMetadata& saved : metadata_.entries) {
+      if (is_strict_prefix(entry.path, saved.path)) below.push_back(saved.fqn);
+    }
+    if (below.empty()) return;
+    if (!is_empty_container(entry.value)) {
+      throw InvalidArgument(fmt::format(
+          "load: entry '{}' is a {} in the state dict, but a container in the checkpoint, with {} entries (e.g. '{}')",
+          entry.fqn, entry.value.tagKind(), below.size(), below.front()));
+    }
+    throw InvalidArgument(fmt::format(
+        "load: entry '{}' is an empty {} in the state dict, but the checkpoint holds {} entries under it (e.g. "
+        "'{}'), and a plain state dict cannot gain entries. Load into a Stateful instead, which receives every "
+        "saved entry: for an optimizer, as_ivalue(optimizer) rather than OptimizerState(optimizer).state_dict()",
+        entry.fqn, entry.value.isGenericDict() ? "dict" : "list", below.size(), below.front()));
   }
 
   void require_partial(const std::string& fqn) const {

@@ -294,6 +294,24 @@ StateDict unflatten_state_dict(const FlatStateDict& flat) {
   return state;
 }
 
+void set_leaf(StateDict& root, const ObjectPath& path, const c10::IValue& value) {
+  TORCH_INTERNAL_ASSERT(!path.empty(), "set_leaf: an empty path");
+  if (path.size() == 1) {
+    root.insert_or_assign(std::get<std::string>(path.front()), value);
+    return;
+  }
+  c10::IValue parent = root.at(std::get<std::string>(path.front()));
+  for (size_t i = 1; i + 1 < path.size(); ++i) {
+    parent = parent.isGenericDict() ? parent.toGenericDict().at(std::get<std::string>(path[i]))
+                                    : parent.toList().get(std::get<int64_t>(path[i]));
+  }
+  if (parent.isGenericDict()) {
+    parent.toGenericDict().insert_or_assign(std::get<std::string>(path.back()), value);
+  } else {
+    parent.toList().set(std::get<int64_t>(path.back()), value);
+  }
+}
+
 StateDict deep_copy_structure(const StateDict& state) {
   validate_state_dict(state);
   StateDict copy;

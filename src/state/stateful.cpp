@@ -33,6 +33,10 @@ bool Stateful::needs_saved_entry(const ObjectPath&) const {
   return true;
 }
 
+std::vector<ObjectPath> Stateful::entries_written_in_forward() {
+  return {};
+}
+
 c10::IValue as_ivalue(c10::intrusive_ptr<Stateful> object) {
   if (!object) {
     throw InvalidArgument("as_ivalue: null Stateful");
@@ -79,6 +83,14 @@ StateDict ModuleState::state_dict() {
     }
   }
   return state;
+}
+
+std::vector<ObjectPath> ModuleState::entries_written_in_forward() {
+  std::vector<ObjectPath> buffers;
+  for (const auto& item : module_->named_buffers(/*recurse=*/true)) {
+    if (item.value().defined()) buffers.push_back({item.key()});
+  }
+  return buffers;
 }
 
 void ModuleState::check_load_state_dict(const StateDict& state) {

@@ -26,6 +26,7 @@ namespace stowage::dcp {
 namespace {
 
 using testing::ScratchDir;
+using testing::state_of;
 using testing::test_device;
 
 size_t entries_in(const char* dir) {
@@ -470,6 +471,17 @@ TEST(DcpAsyncSave, ASecondSaveOnTheSameWriterWaitsForTheFirst) {
   StateDict target = filled(0);
   load(target, dir.path());
   EXPECT_TRUE(torch::equal(target.at("t3").toTensor(), torch::full({1024}, 2.0f)));
+}
+
+TEST(DcpAsyncSave, IntoADirectoryWithAWriterTheResponseOwns) {
+  const ScratchDir dir;
+  const at::Tensor w = torch::arange(1000, torch::kFloat);
+  AsyncSaveResponse response = async_save(state_of({{"w", w}}), dir.sub("ckpt"));
+  ASSERT_TRUE(response.owned_writer);
+  response.upload_completion.get();
+  StateDict loaded = state_of({{"w", torch::zeros({1000})}});
+  load(loaded, dir.sub("ckpt"));
+  EXPECT_TRUE(torch::equal(loaded.at("w").toTensor(), w));
 }
 
 TEST(DcpAsyncSave, AWriteErrorReachesTheUploadFuture) {

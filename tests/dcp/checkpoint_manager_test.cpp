@@ -250,6 +250,137 @@ TEST(DcpCheckpointManager, TwoRanksSaveAndRestoreTogether) {
   EXPECT_THAT(committed_steps(dir.path()), ElementsAre(3));
 }
 
+// Three committed checkpoints, "w" holding its step in each; returns the directory's path.
+void save_steps_one_to_three(const std::string& directory) {
+  CheckpointManager manager(directory, CheckpointManagerOptions().save_every(1).keep_last(0));
+  for (int64_t step = 1; step <= 3; ++step) manager.save(step, step_state(torch::full({64}, double(step))));
+  manager.wait();
+}
+
+void flip_bytes_of_data_files(const std::string& checkpoint) {
+  for (const std::string& name : data_files(checkpoint)) {
+    std::string bytes = read_file(checkpoint + "/" + name);
+    bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x5a);
+    write_file(checkpoint + "/" + name, bytes);
+  }
+}
+
+void truncate_data_files(const std::string& checkpoint) {
+  for (const std::string& name : data_files(checkpoint)) {
+    std::filesystem::resize_file(checkpoint + "/" + name, 10);
+  }
+}
+
+void truncate_metadata(const std::string& checkpoint) {
+  std::filesystem::resize_file(metadata_path(checkpoint), 7);
+}
+
+TEST(DcpCheckpointManager, RestoreFallsBackPastAnUnreadableNewestCheckpoint) {
+  const std::vector<std::pair<const char*, void (*)(const std::string&)>> damages = {
+      {"corrupt data", flip_bytes_of_data_files},
+      {"truncated data", truncate_data_files},
+      {"truncated metadata", truncate_metadata},
+  };
+  for (const auto& [what, damage] : damages) {
+    SCOPED_TRACE(what);
+    const ScratchDir dir;
+    save_steps_one_to_three(dir.path());
+    CheckpointManager manager(dir.path());
+    damage(manager.checkpoint_path(3));
+    StateDict state = step_state(torch::zeros({64}));
+    std::vector<SkippedCheckpoint> skipped;
+    EXPECT_EQ(manager.restore(state, {}, &skipped), 2);
+    EXPECT_TRUE(torch::equal(state.at("w").toTensor(), torch::full({64}, 2.0)));
+    ASSERT_EQ(skipped.size(), 1u);
+    EXPECT_EQ(skipped[0].step, 3);
+    EXPECT_EQ(skipped[0].path, manager.checkpoint_path(3));
+    EXPECT_FALSE(skipped[0].error.empty());
+    EXPECT_THROW(manager.save(2, state, /*force=*/true), InvalidArgument);  // saving goes on after the restored step
+  }
+}
+
+TEST(DcpCheckpointManager, ACheckpointWithoutMetadataIsUncommittedAndNotTried) {
+  const ScratchDir dir;
+  save_steps_one_to_three(dir.path());
+  std::filesystem::remove(metadata_path(dir.sub("step-00000003")));
+  CheckpointManager manager(dir.path());
+  StateDict state = step_state(torch::zeros({64}));
+  std::vector<SkippedCheckpoint> skipped;
+  EXPECT_EQ(manager.restore(state, {}, &skipped), 2);
+  EXPECT_TRUE(skipped.empty());
+}
+
+TEST(DcpCheckpointManager, WhenNoCheckpointCanBeReadRestoreThrowsAndChangesNothing) {
+  const ScratchDir dir;
+  save_steps_one_to_three(dir.path());
+  CheckpointManager manager(dir.path());
+  for (int64_t step = 1; step <= 3; ++step) flip_bytes_of_data_files(manager.checkpoint_path(step));
+  StateDict state = step_state(torch::full({64}, -1.0));
+  std::vector<SkippedCheckpoint> skipped;
+  try {
+    manager.restore(state, {}, &skipped);
+    ADD_FAILURE() << "restored a corrupt checkpoint";
+  } catch (const CorruptionError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("none of the committed checkpoints"));
+    EXPECT_THAT(e.what(), HasSubstr("steps 3, 2, 1"));
+  }
+  EXPECT_EQ(skipped.size(), 3u);
+  EXPECT_TRUE(torch::equal(state.at("w").toTensor(), torch::full({64}, -1.0)));
+}
+
+TEST(DcpCheckpointManager, WithoutFallBackTheNewestCheckpointsErrorIsThrown) {
+  const ScratchDir dir;
+  save_steps_one_to_three(dir.path());
+  CheckpointManager manager(dir.path(), CheckpointManagerOptions().restore_falls_back(false));
+  flip_bytes_of_data_files(manager.checkpoint_path(3));
+  StateDict state = step_state(torch::full({64}, -1.0));
+  EXPECT_THROW(manager.restore(state), CorruptionError);
+  EXPECT_TRUE(torch::equal(state.at("w").toTensor(), torch::full({64}, -1.0)));
+}
+
+TEST(DcpCheckpointManager, AStateThatDoesNotMatchIsNoReasonToFallBack) {
+  const ScratchDir dir;
+  save_steps_one_to_three(dir.path());
+  CheckpointManager manager(dir.path());
+  StateDict state = step_state(torch::zeros({65}));
+  std::vector<SkippedCheckpoint> skipped;
+  EXPECT_THROW(manager.restore(state, {}, &skipped), InvalidArgument);
+  EXPECT_TRUE(skipped.empty());
+}
+
+TEST(DcpCheckpointManager, TwoRanksFallBackTogetherWhenOneRanksFileIsCorrupt) {
+  const ScratchDir dir;
+  stowage::testing::run_ranks(2, [&](const dist::ProcessGroup& group) {
+    const auto own_state = [&](double value) {
+      StateDict state;
+      state.insert(fmt::format("rank{}", group.rank()), torch::full({16}, value));
+      return state;
+    };
+    {
+      CheckpointManager manager(dir.path(), CheckpointManagerOptions().save_every(1).keep_last(0), group);
+      for (int64_t step = 1; step <= 3; ++step) manager.save(step, own_state(double(10 * group.rank() + step)));
+      manager.wait();
+    }
+    CheckpointManager manager(dir.path(), {}, group);
+    if (group.rank() == 1) {  // rank 1's own file of the newest checkpoint
+      for (const std::string& name : data_files(manager.checkpoint_path(3))) {
+        if (name.find("-r1") == std::string::npos) continue;  // data-<save id>-r<rank>...
+        std::string bytes = read_file(manager.checkpoint_path(3) + "/" + name);
+        bytes[0] = static_cast<char>(bytes[0] ^ 0x5a);
+        write_file(manager.checkpoint_path(3) + "/" + name, bytes);
+      }
+    }
+    group.barrier();
+    StateDict state = own_state(0);
+    std::vector<SkippedCheckpoint> skipped;
+    EXPECT_EQ(manager.restore(state, {}, &skipped), 2);
+    EXPECT_TRUE(torch::equal(state.at(fmt::format("rank{}", group.rank())).toTensor(),
+                             torch::full({16}, double(10 * group.rank() + 2))));
+    ASSERT_EQ(skipped.size(), 1u);
+    EXPECT_EQ(skipped[0].step, 3);
+  });
+}
+
 TEST(DcpVerify, AGoodCheckpointVerifiesEveryChunkAndACorruptOneNamesTheEntry) {
   const ScratchDir dir;
   StateDict state;

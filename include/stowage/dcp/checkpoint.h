@@ -38,6 +38,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace stowage::dcp {
 
@@ -95,8 +96,20 @@ enum class PendingSave {
   kReject,  // throw Error at once
 };
 
+// The checkpoint holds the state as it was when async_save was called, provided that
+// what is staged in the background does not change until staging completes
+// (staging_completion): in a training loop, parameters and optimizer state, which only
+// the optimizer step changes. What the next forward writes is copied before async_save
+// returns instead: every entry a Stateful lists in entries_written_in_forward() (a
+// module's buffers: BatchNorm's running statistics) and the entries named here.
 struct AsyncSaveOptions {
   TORCH_ARG(PendingSave, if_save_pending) = PendingSave::kWait;
+  // More entries to copy before returning: fully-qualified names, each also naming every
+  // entry below it ("step" is "step" and "step.*").
+  TORCH_ARG(std::vector<std::string>, copy_before_return) = {};
+  // false: stage the Statefuls' entries_written_in_forward() in the background with the
+  // rest, for a caller that changes nothing until staging completes.
+  TORCH_ARG(bool, copy_forward_state_before_return) = true;
 };
 
 // PyTorch returns this only when staging itself is asynchronous, and the upload future
@@ -112,6 +125,8 @@ struct AsyncSaveResponse {
   // Ready once the checkpoint is committed (its metadata) or the save failed (the
   // error, rethrown by get()).
   std::shared_future<Metadata> upload_completion;
+  // The writer of the directory overload of async_save, freed after the thread ends.
+  std::shared_ptr<StorageWriter> owned_writer;
   // The background thread, joined when the last copy of the response goes.
   std::shared_ptr<const std::thread> background;
 };
@@ -136,6 +151,10 @@ bool has_pending_save(const StorageWriter& writer);
 // upload_completion as a CheckpointError. async_save itself runs one collective on
 // `group`, on the caller's thread, before anything starts (see PendingSave).
 AsyncSaveResponse async_save(const StateDict& state, StorageWriter& writer, AsyncStager* stager = nullptr,
+                             AsyncSaveOptions options = {}, std::optional<dist::ProcessGroup> group = std::nullopt);
+// Into `checkpoint_dir` with a FileSystemWriter of default options, which the response
+// owns.
+AsyncSaveResponse async_save(const StateDict& state, const std::string& checkpoint_dir, AsyncStager* stager = nullptr,
                              AsyncSaveOptions options = {}, std::optional<dist::ProcessGroup> group = std::nullopt);
 
 struct LoadOptions {

@@ -6,6 +6,9 @@
 //
 //   dcp::CheckpointManager manager(run_dir + "/checkpoints",
 //                                  dcp::CheckpointManagerOptions().save_every(50).keep_last(3), group);
+//   StateDict state;
+//   state.insert("model", as_ivalue(model));          // parameters and buffers
+//   state.insert("optim", as_ivalue(optimizer));      // gains its saved state on restore
 //   if (const auto step = manager.restore(state)) first_step = *step + 1;
 //   for (step = first_step; ...) {
 //     forward, backward;
@@ -23,6 +26,14 @@
 // are removed, as are uncommitted directories older than it (left by a crash or a
 // failed save).
 //
+// A checkpoint is the state of exactly the step saved: what the next forward writes
+// (a module's buffers, such as BatchNorm's running statistics, and what a Stateful
+// lists in entries_written_in_forward()) is copied before save() returns; the rest is
+// staged in the background and must not change before wait_for_staging(). stowage
+// cannot know what a Stateful of the user's does not list: if its state_dict() hands
+// out, say, a BatchNorm's running_mean without listing it, call wait_for_staging()
+// right after save(), before the next forward, rather than before the optimizer step.
+//
 // With a group every rank makes the manager, saves and restores together (the calls
 // are collective, in the same order); rank 0 alone lists, removes and picks the
 // checkpoint to restore, so that every rank loads the same one. One training process
@@ -31,7 +42,7 @@
 //
 // Failures: a failed save is rethrown by the next save(), wait() or poll() (the
 // CheckpointError of dcp::async_save), once, and leaves the previous checkpoints as
-// they were.
+// they were. restore() falls back to older committed checkpoints past unreadable ones.
 
 #include <stowage/dcp/checkpoint.h>
 #include <stowage/dcp/env.h>
@@ -61,6 +72,12 @@ struct CheckpointManagerOptions {
   // Every file-system call of the manager and of its writers and readers goes through
   // it (env.h); it must outlive the manager.
   TORCH_ARG(EnvPointer, env) = Env::posix();
+  // Every save's options (its if_save_pending never matters: a save waits for the
+  // previous one to commit first).
+  TORCH_ARG(AsyncSaveOptions, save_options) = {};
+  // restore() loads the next older committed checkpoint when one cannot be read
+  // (corrupt, truncated, unreadable); false: it throws that checkpoint's error.
+  TORCH_ARG(bool, restore_falls_back) = true;
 };
 
 // A checkpoint of the directory.
@@ -77,6 +94,13 @@ struct SaveReport {
   int64_t bytes = 0;     // of the chunks written, by every rank
   double blocked_s = 0;  // the caller was blocked: in save() and wait_for_staging()
   double commit_s = 0;   // from save() until it committed
+};
+
+// A committed checkpoint that restore() skipped because it could not be read.
+struct SkippedCheckpoint {
+  int64_t step = 0;
+  std::string path;
+  std::string error;  // what loading it raised
 };
 
 // Every step-<N> directory of `directory`, oldest first (none if it does not exist;
@@ -120,8 +144,14 @@ class CheckpointManager {
   std::vector<SaveReport> wait();
 
   // Loads the newest committed checkpoint (rank 0's choice) into `state` with dcp::load
-  // and returns its step; nothing, and `state` unchanged, if there is none.
-  std::optional<int64_t> restore(StateDict& state, LoadOptions options = {});
+  // and returns its step; nothing, and `state` unchanged, if there is none. One that
+  // cannot be read (CorruptionError or IoError on some rank) leaves `state` unchanged
+  // and, with restore_falls_back, the next older one is tried: each skipped is added to
+  // `skipped` (newest first), or warned about when `skipped` is null. If none can be
+  // read, the newest's error is thrown, prefixed with what was tried. Other errors
+  // (InvalidArgument: `state` does not match the checkpoint) are thrown at once.
+  std::optional<int64_t> restore(StateDict& state, LoadOptions options = {},
+                                 std::vector<SkippedCheckpoint>* skipped = nullptr);
 
  private:
   struct Pending;

@@ -116,6 +116,11 @@ StateDict unflatten_state_dict(const FlatStateDict& flat);
 // Validates a state dict without copying it (the same checks as flatten_state_dict).
 void validate_state_dict(const StateDict& state);
 
+// Replaces the leaf at `path` inside `root`. Containers are shared (StateDict has
+// reference semantics), so this edits every state dict that shares them.
+// REQUIRES: every container on `path` exists (as flatten_state_dict gave the path).
+void set_leaf(StateDict& root, const ObjectPath& path, const c10::IValue& value);
+
 // A new tree of dicts and lists whose leaves are the same objects (tensors are shared,
 // not cloned): changing the copy's structure never changes the original's.
 StateDict deep_copy_structure(const StateDict& state);

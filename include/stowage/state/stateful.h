@@ -15,6 +15,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <memory>
+#include <vector>
 
 namespace torch {
 namespace nn {
@@ -53,6 +54,12 @@ class Stateful : public torch::CustomClassHolder {
   // is every one; a sharded object (optim::ZeroRedundancyOptimizer) skips the parts that
   // other ranks own.
   virtual bool needs_saved_entry(const ObjectPath& path) const;
+  // The entries of state_dict() (paths below the object's own key) that may change
+  // outside the optimizer step, e.g. in the next forward, as a module's buffers do.
+  // dcp::async_save copies them before it returns; every other entry is staged in the
+  // background and must not change until staging completes. The default is none: a
+  // Stateful whose forward writes its state must list that state here.
+  virtual std::vector<ObjectPath> entries_written_in_forward();
 };
 
 // Wraps a Stateful as a value that can be inserted into a StateDict.
@@ -67,6 +74,8 @@ class ModuleState final : public Stateful {
  public:
   explicit ModuleState(std::shared_ptr<torch::nn::Module> module);
   StateDict state_dict() override;
+  // Every buffer (BatchNorm's running statistics and counter change in each forward).
+  std::vector<ObjectPath> entries_written_in_forward() override;
   void load_state_dict(const StateDict& state) override;
   // Every check of load_state_dict: keys, shapes, dtypes, and that each parameter and
   // buffer can be written in place.
@@ -84,7 +93,9 @@ class ModuleState final : public Stateful {
 // AdamW, SGD, stowage::optim::MasterAdamW, and the user's own); others are rejected by
 // name. Tensors alias the optimizer's state. load_state_dict copies tensors onto each
 // parameter's device, in the dtype the adapter keeps the state in (the parameter's, or
-// fp32 for MasterAdamW).
+// fp32 for MasterAdamW). Like PyTorch's, it also sets every group's options (lr, betas,
+// amsgrad, ...) to the saved ones, replacing those the optimizer was made with: change
+// an option after loading, not before.
 class OptimizerState final : public Stateful {
  public:
   explicit OptimizerState(std::shared_ptr<torch::optim::Optimizer> optimizer);
