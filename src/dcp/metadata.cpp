@@ -350,11 +350,12 @@ namespace {
 // and sizes appended for a part. The name is the fqn when the path is its keys split at
 // the dots, else the path itself. A chunk's length is its box's bytes.
 
-// Whether `path` is `fqn` split at its dots (keys only, none holding a dot).
+// Whether `path` is `fqn` split at its dots: keys only, none empty (path_to_string
+// drops an empty key's place) and none holding a dot.
 bool path_is_dotted_name(const ObjectPath& path) {
   return std::all_of(path.begin(), path.end(), [](const PathElement& element) {
     const auto* key = std::get_if<std::string>(&element);
-    return key != nullptr && key->find('.') == std::string::npos;
+    return key != nullptr && !key->empty() && key->find('.') == std::string::npos;
   });
 }
 

@@ -6,10 +6,12 @@
 #include <stowage/error.h>
 #include <stowage/state/stateful.h>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 namespace stowage::dcp {
 namespace {
@@ -111,6 +113,30 @@ TEST(DcpSaveLoad, KeysWithDotsAndNonAscii) {
     EXPECT_NE(std::string(e.what()).find("UTF-8"), std::string::npos) << e.what();
   }
   EXPECT_TRUE(testing::data_files(other.path()).empty());
+}
+
+// An empty key has no place of its own in a dotted name ("" then "x" is "x"), so the
+// metadata keeps such a path whole.
+TEST(DcpSaveLoad, EmptyKeysRoundTripIntoTheSameStructure) {
+  const auto nest = [](const std::string& key, const c10::IValue& value) { return state_of({{key, value}}); };
+  const std::vector<std::pair<std::string, std::function<StateDict(const at::Tensor&)>>> shapes = {
+      {"{'': {'x': t}}", [&](const at::Tensor& t) { return nest("", nest("x", t)); }},
+      {"{'a': {'': t}}", [&](const at::Tensor& t) { return nest("a", nest("", t)); }},
+      {"{'': {'': t}}", [&](const at::Tensor& t) { return nest("", nest("", t)); }},
+  };
+  for (const auto& [name, shape] : shapes) {
+    SCOPED_TRACE(name);
+    const ScratchDir dir;
+    save(shape(torch::arange(4, torch::kFloat)), dir.path());
+    const at::Tensor loaded = torch::zeros({4});
+    StateDict target = shape(loaded);
+    load(target, dir.path());
+    EXPECT_TRUE(torch::equal(loaded, torch::arange(4, torch::kFloat)));
+  }
+  const ScratchDir dir;
+  save(nest("", nest("x", torch::ones({2}))), dir.path());
+  StateDict flat = state_of({{"x", torch::zeros({2})}});
+  EXPECT_THROW(load(flat, dir.path()), InvalidArgument);
 }
 
 TEST(DcpSaveLoad, NonTensorValuesRoundTrip) {
@@ -252,6 +278,51 @@ TEST(DcpSaveLoad, ModuleAndFreshAdamResumeExactly) {
   train(resumed, *resumed_optimizer, 5, 2);
   for (size_t i = 0; i < model->parameters().size(); ++i) {
     EXPECT_TRUE(torch::equal(model->parameters()[i], resumed->parameters()[i])) << i;
+  }
+}
+
+// The README's first snippet took a fresh optimizer's plain state dict, whose "state" is
+// {}: a plain dict cannot gain the saved states, so the load says how to do it instead of
+// naming 'optim.state' as missing or, with allow_partial_load, loading no state at all.
+TEST(DcpSaveLoad, APlainOptimizerStateDictIsRefusedWithTheWayToRestoreIt) {
+  torch::manual_seed(0);
+  auto model = small_relu_model();
+  auto optimizer = std::make_shared<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-2));
+  train(model, *optimizer, 2, 1);
+  const ScratchDir dir;
+  save(state_of({{"optim", as_ivalue(optimizer)}}), dir.path());
+
+  auto fresh = std::make_shared<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-2));
+  for (const bool partial : {false, true}) {
+    SCOPED_TRACE(partial);
+    StateDict target = state_of({{"optim", OptimizerState(fresh).state_dict()}});
+    try {
+      load(target, dir.path(), LoadOptions().allow_partial_load(partial));
+      ADD_FAILURE() << "loaded no optimizer state without a word";
+    } catch (const InvalidArgument& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("'optim.state' is an empty dict"));
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("as_ivalue(optimizer)"));
+      EXPECT_THAT(e.what(), ::testing::Not(::testing::HasSubstr("is not in the checkpoint")));
+    }
+    EXPECT_TRUE(fresh->state().empty());
+  }
+  StateDict target = state_of({{"optim", as_ivalue(fresh)}});
+  load(target, dir.path());
+  EXPECT_EQ(fresh->state().size(), optimizer->state().size());
+}
+
+TEST(DcpSaveLoad, ALeafWhereTheCheckpointHasAContainerIsNamedAsSuch) {
+  const ScratchDir dir;
+  save(state_of({{"a", state_of({{"b", torch::ones({2})}})}}), dir.path());
+  StateDict target = state_of({{"a", torch::zeros({2})}});
+  for (const bool partial : {false, true}) {
+    try {
+      load(target, dir.path(), LoadOptions().allow_partial_load(partial));
+      ADD_FAILURE() << "loaded a container into a tensor";
+    } catch (const InvalidArgument& e) {
+      EXPECT_THAT(e.what(),
+                  ::testing::HasSubstr("'a' is a Tensor in the state dict, but a container in the checkpoint"));
+    }
   }
 }
 
