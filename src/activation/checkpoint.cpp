@@ -62,6 +62,29 @@ struct CheckpointState : torch::CustomClassHolder {
   std::vector<TensorMeta> tensor_output_meta;
 };
 
+// The buffers fn updates in place (CheckpointOptions::buffers) as they were before
+// the recomputation, to put back once its backward is done: then no graph that saved
+// them is left to find them changed.
+class BufferSnapshot {
+ public:
+  explicit BufferSnapshot(const CheckpointOptions& options) {
+    if (options.keep_recomputed_buffer_updates()) return;
+    const at::NoGradGuard no_grad;
+    for (const at::Tensor& buffer : options.buffers()) {
+      if (buffer.defined()) saved_.emplace_back(buffer, buffer.clone());
+    }
+  }
+
+  void restore() {
+    const at::NoGradGuard no_grad;
+    for (auto& [buffer, before] : saved_) buffer.copy_(before);
+    saved_.clear();
+  }
+
+ private:
+  std::vector<std::pair<at::Tensor, at::Tensor>> saved_;
+};
+
 // Splits fn's outputs into the differentiable tensors and the rest, rejecting a
 // container that hides a tensor from autograd.
 variable_list tensor_outputs(const std::vector<c10::IValue>& outputs, std::vector<size_t>& slots) {
@@ -178,21 +201,39 @@ struct CheckpointNode : torch::autograd::Function<CheckpointNode> {
       inputs[state->tensor_input_slots[i]] = detached.back();
     }
 
+    BufferSnapshot buffers(state->options);
+    variable_list grads;
+    try {
+      grads = recompute_and_backward(*state, inputs, detached, grad_outputs, num_grads);
+    } catch (...) {
+      buffers.restore();
+      throw;
+    }
+    buffers.restore();
+    return grads;
+  }
+
+  // Runs fn again on `inputs` (holding the `detached` copies of the saved tensors) and
+  // back-propagates `grad_outputs` through it; returns the gradients of forward's
+  // arguments.
+  static variable_list recompute_and_backward(const CheckpointState& state, const std::vector<c10::IValue>& inputs,
+                                              const variable_list& detached, const variable_list& grad_outputs,
+                                              size_t num_grads) {
     std::vector<c10::IValue> outputs;
     {
       std::optional<RngReplay> replay;
-      if (state->rng) {
-        replay.emplace(*state->rng);
+      if (state.rng) {
+        replay.emplace(*state.rng);
       }
       at::AutoGradMode enable_grad(true);
-      outputs = state->fn(inputs);
+      outputs = state.fn(inputs);
     }
-    if (state->versions) {
-      state->versions->expect_unchanged(InputVersions::Moment::kAfterRecomputation);
+    if (state.versions) {
+      state.versions->expect_unchanged(InputVersions::Moment::kAfterRecomputation);
     }
     std::vector<size_t> slots;
     const variable_list recomputed = tensor_outputs(outputs, slots);
-    check_recomputation(*state, outputs, slots, recomputed);
+    check_recomputation(state, outputs, slots, recomputed);
 
     variable_list roots;
     variable_list root_grads;

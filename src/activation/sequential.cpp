@@ -25,6 +25,18 @@ class ModuleRun {
   std::vector<torch::nn::AnyModule> modules_;
 };
 
+// `options` with the buffers of modules [begin, end) added.
+CheckpointOptions with_buffers_of(const std::vector<torch::nn::AnyModule>& modules, int64_t begin, int64_t end,
+                                  CheckpointOptions options) {
+  if (options.keep_recomputed_buffer_updates()) return options;
+  for (int64_t i = begin; i < end; ++i) {
+    for (const at::Tensor& buffer : modules[static_cast<size_t>(i)].ptr()->buffers(/*recurse=*/true)) {
+      options.buffers().push_back(buffer);
+    }
+  }
+  return options;
+}
+
 }  // namespace
 
 at::Tensor checkpoint_sequential(const std::vector<torch::nn::AnyModule>& modules, int64_t segments,
@@ -46,7 +58,8 @@ at::Tensor checkpoint_sequential(const std::vector<torch::nn::AnyModule>& module
   const int64_t last_start = per_segment * (segments - 1);
   at::Tensor x = input;
   for (int64_t start = 0; start < last_start; start += per_segment) {
-    x = checkpoint(ModuleRun(modules, start, start + per_segment), x, options);
+    x = checkpoint(ModuleRun(modules, start, start + per_segment), x,
+                   with_buffers_of(modules, start, start + per_segment, options));
   }
   return ModuleRun(modules, last_start, size)(x);
 }

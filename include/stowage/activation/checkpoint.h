@@ -44,6 +44,9 @@
 //     starts the recomputation. Tensors fn reaches otherwise (the parameters and
 //     buffers it captures) are not seen by checkpoint: they must not change between
 //     the forward and backward either (e.g. no optimizer step in between).
+//   - Buffers fn updates itself (a BatchNorm's running statistics and counter) would be
+//     updated a second time by the recomputation, as PyTorch's checkpoint does; those
+//     listed in CheckpointOptions::buffers end as after one plain forward instead.
 //
 // Restrictions of the reentrant variant (the only one provided, see use_reentrant):
 //   - backward recomputes inside the engine's backward pass and calls backward again
@@ -110,6 +113,16 @@ struct CheckpointOptions {
   // headers, and impossible once the engine has run or inside Python), so stowage
   // rejects it with NotImplemented rather than ship something fragile.
   TORCH_ARG(bool, use_reentrant) = true;
+  // Tensors fn updates in place as a side effect of its forward (a BatchNorm's running
+  // statistics and counter). The recomputation in backward would update them again;
+  // instead each is put back, once the recomputation's backward is done, to what it
+  // held before the recomputation, so that they end as after one plain forward,
+  // bit-identical to no checkpointing. checkpoint_sequential adds its modules' buffers.
+  TORCH_ARG(std::vector<at::Tensor>, buffers) = {};
+  // true: PyTorch's behaviour, the recomputation's updates stay (a BatchNorm's running
+  // statistics take two momentum steps and its counter counts the batch twice); the
+  // buffers are then left alone.
+  TORCH_ARG(bool, keep_recomputed_buffer_updates) = false;
 };
 
 // fn receives the inputs (with tensors as given in forward, detached copies that
