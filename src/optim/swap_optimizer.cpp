@@ -12,13 +12,16 @@
 #include <torch/optim/adamw.h>
 #include <torch/utils.h>
 
+#include <c10/util/Type.h>
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <type_traits>
+#include <unordered_set>
 
 namespace stowage::optim {
 
@@ -42,7 +45,47 @@ bool amsgrad_of(Family family, const torch::optim::OptimizerOptions& options) {
                                  : static_cast<const torch::optim::AdamWOptions&>(options).amsgrad();
 }
 
+// The optimizers a live SwapOptimizer wraps. Leaked: a wrapper may be destroyed during
+// static destruction.
+struct WrappedOptimizers {
+  std::mutex mutex;
+  std::unordered_set<const torch::optim::Optimizer*> optimizers;
+};
+
+WrappedOptimizers& wrapped_optimizers() {
+  static WrappedOptimizers* const wrapped = new WrappedOptimizers();
+  return *wrapped;
+}
+
 }  // namespace
+
+namespace detail {
+
+// Two wrappers of one optimizer would each rebind its states to their own host layout
+// and step them, so an optimizer is claimed by one wrapper for that wrapper's lifetime.
+struct WrapClaim {
+  explicit WrapClaim(const torch::optim::Optimizer& wrapped) : optimizer(&wrapped) {
+    WrappedOptimizers& registry = wrapped_optimizers();
+    std::lock_guard<std::mutex> lock(registry.mutex);
+    if (!registry.optimizers.insert(optimizer).second) {
+      throw InvalidArgument(fmt::format(
+          "swap_optimizer: this {} is already wrapped by a live SwapOptimizer; wrap an optimizer once and use that "
+          "wrapper (it can be wrapped again once that wrapper is destroyed)",
+          c10::demangle(typeid(wrapped).name())));
+    }
+  }
+  ~WrapClaim() {
+    WrappedOptimizers& registry = wrapped_optimizers();
+    std::lock_guard<std::mutex> lock(registry.mutex);
+    registry.optimizers.erase(optimizer);
+  }
+  WrapClaim(const WrapClaim&) = delete;
+  WrapClaim& operator=(const WrapClaim&) = delete;
+
+  const torch::optim::Optimizer* optimizer;
+};
+
+}  // namespace detail
 
 // ------------------------------------------------------------------ construction
 
@@ -51,6 +94,8 @@ SwapOptimizer::SwapOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
   if (!optimizer_) {
     throw InvalidArgument("swap_optimizer: null optimizer");
   }
+  // First, so that a second wrapper fails before it touches the states.
+  claim_ = std::make_unique<detail::WrapClaim>(*optimizer_);
   const detail::SwapTarget target = detail::swap_target_of(*optimizer_);
   adapter_ = target.adapter;
   family_ = target.family;
@@ -88,6 +133,7 @@ SwapOptimizer::SwapOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
   std::vector<Unit> units = collect_units();
   ensure_host_layout(requests_for(units, {}));
   engine_->synchronize(host_ready_);
+  record_steps();
 }
 
 SwapOptimizer::~SwapOptimizer() = default;
@@ -122,6 +168,43 @@ void SwapOptimizer::check_param_groups() const {
         "Requested state key 'max_exp_avg_sq' is not present for any parameter: no param group of the {} has "
         "amsgrad enabled.",
         adapter_->name()));
+  }
+}
+
+// LibTorch's step() cannot be intercepted, but it moves the step count of every parameter
+// it updates (and creates the states of those without, at step 1): a count other than the
+// one this wrapper left is its trace. Between wrapper calls nothing else changes a count.
+void SwapOptimizer::check_steps_are_the_wrappers() const {
+  auto& states = optimizer_->state();
+  const auto& groups = optimizer_->param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto& params = groups[g].params();
+    for (size_t p = 0; p < params.size(); ++p) {
+      torch::optim::OptimizerParamState* state = detail::find_state(states, params[p]);
+      if (state == nullptr) continue;
+      const int64_t step = *detail::state_ref(*adapter_, *state).step;
+      const auto recorded = recorded_steps_.find(params[p].unsafeGetTensorImpl());
+      const int64_t left = recorded == recorded_steps_.end() ? 0 : recorded->second;
+      if (step == left) continue;
+      throw InvalidArgument(fmt::format(
+          "Swap optimizer: parameter {} of param group {} is at step {}, but the SwapOptimizer left it at step {}: "
+          "{}; drive steps through the SwapOptimizer only",
+          p, g, step, left,
+          step > left ? "the wrapped optimizer's own step() ran after wrapping"
+                      : "the wrapped optimizer's state was changed outside the SwapOptimizer"));
+    }
+  }
+}
+
+void SwapOptimizer::record_steps() {
+  auto& states = optimizer_->state();
+  recorded_steps_.clear();
+  for (const auto& group : optimizer_->param_groups()) {
+    for (const at::Tensor& param : group.params()) {
+      if (torch::optim::OptimizerParamState* state = detail::find_state(states, param)) {
+        recorded_steps_[param.unsafeGetTensorImpl()] = *detail::state_ref(*adapter_, *state).step;
+      }
+    }
   }
 }
 
@@ -369,6 +452,9 @@ void SwapOptimizer::create_first_step_states() {
       }
       created.push_back(detail::state_key(states, param));
       states[created.back()] = std::move(state);
+      // At step 0, as a parameter without state; drops any record of a freed parameter
+      // that had this address.
+      recorded_steps_.erase(param.unsafeGetTensorImpl());
     }
   }
   try {
@@ -389,6 +475,7 @@ at::Tensor SwapOptimizer::step(const torch::optim::Optimizer::LossClosure& closu
   // Everything that can be checked is checked before anything changes, so that no update
   // can fail on its inputs once the first one has run. The param groups are the wrapped
   // optimizer's, which may have changed since the constructor checked them.
+  check_steps_are_the_wrappers();
   check_param_groups();
   check_gradients();
   create_first_step_states();
@@ -478,6 +565,9 @@ void SwapOptimizer::update_unit(Unit& unit, const std::function<at::Tensor(const
   const auto& options = optimizer_->param_groups()[unit.group].options();
   const detail::AdamHyperParams hyper = detail::adam_hyper_params(options, family_ != Family::kAdam);
   if (update_fault_) update_fault_(unit.index);
+  // The record moves with the count, so that after a failed step it still matches every
+  // parameter, updated or not; its entry is made before the update writes.
+  int64_t& recorded_step = recorded_steps_[unit.param.unsafeGetTensorImpl()];
   const int64_t step = *unit.state.step + 1;
   const at::Tensor& grad = unit.param.grad();
   if (family_ == Family::kMasterAdamW) {
@@ -488,6 +578,7 @@ void SwapOptimizer::update_unit(Unit& unit, const std::function<at::Tensor(const
                         tensors[detail::kMaxExpAvgSqSlot], step, hyper);
   }
   *unit.state.step = step;
+  recorded_step = step;
 }
 
 namespace detail {

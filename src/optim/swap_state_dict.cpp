@@ -18,6 +18,7 @@ using detail::SlotRequest;
 using detail::Source;
 
 StateDict SwapOptimizer::state_dict() {
+  check_steps_are_the_wrappers();
   // The caller reads the host buffers on the CPU: the downloads into them must be done.
   engine_->synchronize(host_ready_);
   // The wrapped optimizer's states hold the swapped states' host tensors, so its layout,
@@ -142,6 +143,8 @@ void SwapOptimizer::load_state_dict(const StateDict& state) {
   for (size_t g = 0; g < param_groups.size(); ++g) {
     apply_options[g](param_groups[g].options());
   }
+  // Every state is the loaded one now, whatever ran before.
+  record_steps();
 }
 
 }  // namespace stowage::optim

@@ -144,8 +144,6 @@ TEST_P(SwapPipeline, ParametersWithoutGradientsKeepTheirState) {
       swap->state_dict());
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, SwapPipeline, ::testing::ValuesIn(testing::swap_modes()), testing::mode_name);
-
 // ---------------------------------------------------------------------- errors
 
 template <typename Fn>
@@ -157,6 +155,50 @@ void expect_invalid(Fn&& fn, const std::string& message) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr(message));
   }
 }
+
+int64_t step_count(torch::optim::Optimizer& optimizer, const torch::Tensor& param) {
+  auto* state = detail::find_state(optimizer.state(), param);
+  return state == nullptr ? 0 : static_cast<torch::optim::AdamWParamState&>(*state).step();
+}
+
+TEST_P(SwapPipeline, TheWrappedOptimizersOwnStepIsRejectedAtTheWrappersNextStep) {
+  auto params = make_params({{kSwappedNumel}, {kSwappedNumel}, {kSwappedNumel}});
+  auto inner = adamw(params);
+  auto swap = swap_optimizer(inner, config(2));
+  set_grads(params, 0, [](size_t i, int) { return i < 2; });
+  swap->step();
+  // The misuse: parameter 1 is updated (its host states in place), parameter 2 gets states.
+  set_grads(params, 1, [](size_t i, int) { return i > 0; });
+  inner->step();
+  set_grads(params, 2);
+  const auto before = clone_params(params);
+  expect_invalid([&] { swap->step(); },
+                 "parameter 1 of param group 0 is at step 2, but the SwapOptimizer left it at step 1: the wrapped "
+                 "optimizer's own step() ran after wrapping; drive steps through the SwapOptimizer only");
+  testing::expect_params_equal(before, params);
+  EXPECT_EQ(step_count(*inner, params[0]), 1);
+  EXPECT_EQ(step_count(*inner, params[1]), 2);
+  EXPECT_EQ(step_count(*inner, params[2]), 1);
+  expect_invalid([&] { swap->state_dict(); }, "parameter 1 of param group 0 is at step 2");
+
+  SCOPED_TRACE("a state the wrapped optimizer's step() created");
+  auto fresh_params = make_params({{kSwappedNumel}, {kSwappedNumel}});
+  auto fresh_inner = adamw(fresh_params);
+  auto fresh_swap = swap_optimizer(fresh_inner, config(2));
+  set_grads(fresh_params, 0, [](size_t i, int) { return i == 0; });
+  fresh_swap->step();
+  set_grads(fresh_params, 1, [](size_t i, int) { return i == 1; });
+  fresh_inner->step();
+  set_grads(fresh_params, 2);
+  const auto fresh_before = clone_params(fresh_params);
+  expect_invalid([&] { fresh_swap->step(); },
+                 "parameter 1 of param group 0 is at step 1, but the SwapOptimizer left it at step 0: the wrapped "
+                 "optimizer's own step() ran after wrapping");
+  testing::expect_params_equal(fresh_before, fresh_params);
+  EXPECT_EQ(step_count(*fresh_inner, fresh_params[0]), 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, SwapPipeline, ::testing::ValuesIn(testing::swap_modes()), testing::mode_name);
 
 TEST(SwapOptimizerErrors, AClosureIsRejected) {
   auto params = make_params(kEight);
@@ -190,6 +232,35 @@ TEST(SwapOptimizerErrors, StateKeysTheOptimizerDoesNotHave) {
                  "Requested state key 'max_exp_avg_sq' is not present for any parameter");
   expect_invalid([&] { swap_optimizer(adamw(params), SwapOptimizerConfig().swap_times(-2)); },
                  "SwapOptimizerConfig.swap_times must be positive");
+}
+
+TEST(SwapOptimizerErrors, AnOptimizerIsWrappedByOneLiveWrapperAtATime) {
+  auto params = make_params(kEight);
+  auto reference_params = clone_params(params);
+  auto inner = adamw(params);
+  auto reference = adamw(reference_params);
+  auto first = swap_optimizer(inner);
+  const std::string already_wrapped =
+      "swap_optimizer: this torch::optim::AdamW is already wrapped by a live SwapOptimizer; wrap an optimizer once "
+      "and use that wrapper";
+  expect_invalid([&] { swap_optimizer(inner); }, already_wrapped);
+  // The refused wrapper neither released the first one's claim nor touched its states.
+  set_grads(params, 0);
+  set_grads(reference_params, 0);
+  first->step();
+  reference->step();
+  expect_invalid([&] { swap_optimizer(inner); }, already_wrapped);
+
+  first.reset();
+  // A constructor that fails for another reason releases its claim too.
+  expect_invalid([&] { swap_optimizer(inner, SwapOptimizerConfig().state_keys({"max_exp_avg_sq"})); },
+                 "Requested state key 'max_exp_avg_sq' is not present for any parameter");
+  auto again = swap_optimizer(inner);  // takes the states over from the first wrapper's host buffers
+  set_grads(params, 1);
+  set_grads(reference_params, 1);
+  again->step();
+  reference->step();
+  testing::expect_params_equal(reference_params, params);
 }
 
 TEST(SwapOptimizer, IsRecognisedInsideAStateDictValue) {

@@ -17,7 +17,10 @@
 //   ... loss.backward(); optimizer->step(); optimizer->zero_grad();
 //
 // The wrapped optimizer keeps owning the parameter groups and the state objects; its
-// swappable state tensors are the host buffers. Drive steps through the wrapper only.
+// swappable state tensors are the host buffers. Drive steps through the wrapper only; these
+// throw stowage::InvalidArgument:
+//  - wrapping an optimizer that a live SwapOptimizer already wraps;
+//  - the wrapper's step() or state_dict() after the wrapped optimizer's own step() ran.
 //
 // The disk tier (SwapOptimizerConfig::swap_dir) keeps the swapped states in scratch files
 // instead, one per dtype, unlinked as soon as they are open (a crash leaves nothing) and
@@ -67,6 +70,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 namespace stowage {
@@ -94,6 +98,7 @@ struct DiskTier;
 struct Unit;
 struct UnitSlot;
 struct SlotRequest;
+struct WrapClaim;
 void set_update_fault_injector(SwapOptimizer& optimizer, std::function<void(int64_t param_index)> injector);
 enum class IoOp;
 void set_disk_fault_injector(SwapOptimizer& optimizer, std::function<int(IoOp op, int64_t batch)> injector);
@@ -146,6 +151,11 @@ class SwapOptimizer final : public Stateful {
   // parameter) and for a group with amsgrad on whose parameters' states lack
   // max_exp_avg_sq.
   void check_gradients() const;
+  // Throws InvalidArgument naming the first parameter whose step count is not the one this
+  // wrapper left (the wrapped optimizer's own step() ran), before anything changes.
+  void check_steps_are_the_wrappers() const;
+  // Each parameter's step count, as the wrapper leaves it after construction or a load.
+  void record_steps();
   // The states of the parameters that have a gradient but no state yet, as the wrapped
   // optimizer would create them; those to be swapped start in the host layout (zeros, or
   // the parameter for a master weight) and never take device memory between steps. If
@@ -170,6 +180,7 @@ class SwapOptimizer final : public Stateful {
                                               std::function<int(detail::IoOp op, int64_t batch)> injector);
 
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<detail::WrapClaim> claim_;  // marks optimizer_ as wrapped while this wrapper lives
   SwapOptimizerConfig config_;
   const OptimizerAdapter* adapter_;  // the wrapped optimizer's, from the registry
   detail::Family family_;
@@ -182,6 +193,8 @@ class SwapOptimizer final : public Stateful {
   // be read or rewritten on the CPU, nor uploaded, before it.
   memory::CopyEvent host_ready_;
   std::function<void(int64_t)> update_fault_;  // see detail::set_update_fault_injector
+  // By parameter, the step count this wrapper left its state at; one without state is at 0.
+  std::unordered_map<const c10::TensorImpl*, int64_t> recorded_steps_;
 };
 
 // Wraps a torch::optim::Adam, torch::optim::AdamW or stowage::optim::MasterAdamW.
