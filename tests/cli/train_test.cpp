@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -27,7 +28,7 @@ TEST(Train, ResumedRunEndsBitIdenticalToAnUninterruptedOne) {
   ASSERT_EQ(b1.status, 0) << b1.output;
   const auto b2 = train(resumed, "--steps 12 --ckpt-every 6 --resume");
   ASSERT_EQ(b2.status, 0) << b2.output;
-  EXPECT_NE(b2.output.find("resumed from"), std::string::npos) << b2.output;
+  EXPECT_NE(b2.output.find("resume: from " + step_dir(resumed, 6) + " (step 6)"), std::string::npos) << b2.output;
   // Model, optimizer (swapped state included), RNG states and data position.
   expect_same_checkpoint(step_dir(straight, 12), step_dir(resumed, 12));
   // And the last step logged the same loss: same data, same numbers.
@@ -218,7 +219,40 @@ TEST(Ckpt, LsRejectsADirectoryThatIsNoRun) {
   fs::create_directories(empty.path);
   const auto result = run_command(stowage_binary() + " ckpt ls " + empty.str());
   EXPECT_NE(result.status, 0);
-  EXPECT_NE(result.output.find("is neither a run directory"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("'" + empty.str() + "' is none of what a ckpt command takes"), std::string::npos)
+      << result.output;
+}
+
+// --resume past a committed checkpoint that cannot be read: the run says it skipped it,
+// resumes from the one before, and finishes (saving that step anew).
+TEST(Train, ResumeSkipsACorruptNewestCheckpointForThePreviousOne) {
+  RunDir run;
+  ASSERT_EQ(train(run, "--steps 4 --ckpt-every 2").status, 0);
+  // Flip one byte inside a model tensor's chunk of step 4.
+  const std::string newest = step_dir(run, 4);
+  const auto saved = fingerprint(newest);
+  const json inspected = run_json("ckpt inspect --json " + newest);
+  const auto entry = std::find_if(inspected["entries"].begin(), inspected["entries"].end(), [](const json& e) {
+    return e.contains("chunks") && e["key"].get<std::string>().rfind("model.", 0) == 0;
+  });
+  ASSERT_NE(entry, inspected["entries"].end()) << inspected.dump(2);
+  const json& chunk = (*entry)["chunks"][0];
+  FILE* f = std::fopen((fs::path(newest) / chunk["file"].get<std::string>()).c_str(), "r+b");
+  ASSERT_NE(f, nullptr);
+  std::fseek(f, chunk["offset"].get<long>() + 3, SEEK_SET);
+  const int byte = std::fgetc(f);
+  std::fseek(f, chunk["offset"].get<long>() + 3, SEEK_SET);
+  std::fputc(byte ^ 0x40, f);
+  std::fclose(f);
+
+  const auto resumed = train(run, "--steps 4 --ckpt-every 2 --resume");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_THAT(resumed.output, ::testing::HasSubstr("resume: skipped " + newest + ": ")) << resumed.output;
+  EXPECT_THAT(resumed.output, ::testing::HasSubstr("resume: from " + step_dir(run, 2) + " (step 2)"));
+  EXPECT_THAT(resumed.output, ::testing::HasSubstr("done: steps 3-4"));
+  // Step 4 was saved again, whole, and as the first run saved it: the resume was exact.
+  EXPECT_TRUE(run_json("ckpt verify --json " + run.str())["ok"].get<bool>());
+  EXPECT_EQ(fingerprint(newest), saved);
 }
 
 }  // namespace

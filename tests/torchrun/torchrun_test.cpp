@@ -129,7 +129,7 @@ TEST(Torchrun, AnElasticRestartAfterAKilledRankResumesAndEndsBitIdentical) {
                       << result.output;
   ASSERT_EQ(result.status, 0) << result.output;
   // The restarted workers resumed from a committed checkpoint (not from step 0).
-  EXPECT_NE(result.output.find("resumed from"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("resume: from"), std::string::npos) << result.output;
   ASSERT_EQ(train(straight, fmt::format("--nproc 2 --steps {} --ckpt-every {} --keep 10", kSteps, kEvery)).status, 0);
   expect_same_checkpoint(step_dir(interrupted, kSteps), step_dir(straight, kSteps));
 }

@@ -24,7 +24,9 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <thread>
+#include <vector>
 
 namespace stowage::cli {
 namespace {
@@ -348,19 +350,36 @@ class Trainer {
 
   void resume() {
     // The optimizer loads only this rank's parameters' states, whatever the number of
-    // ranks that saved them.
+    // ranks that saved them. A committed checkpoint that cannot be read (corrupt,
+    // truncated) is skipped for the next older one; rank 0 says which were skipped and
+    // which one the run resumed from.
     StateDict state = live_state();
-    const std::optional<int64_t> step = checkpoints_->restore(state);
+    std::vector<dcp::SkippedCheckpoint> skipped;
+    std::optional<int64_t> step;
+    try {
+      step = checkpoints_->restore(state, {}, &skipped);
+    } catch (...) {
+      report_skipped(skipped);  // none could be read: the error says so
+      throw;
+    }
+    report_skipped(skipped);
     if (!step) {
       if (progress_) {
         progress_->message(
-            fmt::format("no committed checkpoint in {}: starting from step 0", checkpoints_->directory()));
+            fmt::format("resume: no committed checkpoint in {}: starting from step 0", checkpoints_->directory()));
       }
       return;
     }
     apply_progress(state.at("progress").toGenericDict());
     if (progress_) {
-      progress_->message(fmt::format("resumed from {} at step {}", checkpoints_->checkpoint_path(*step), step_));
+      progress_->message(fmt::format("resume: from {} (step {})", checkpoints_->checkpoint_path(*step), step_));
+    }
+  }
+
+  void report_skipped(const std::vector<dcp::SkippedCheckpoint>& skipped) {
+    if (!progress_) return;  // rank 0 reports for the run
+    for (const dcp::SkippedCheckpoint& checkpoint : skipped) {
+      progress_->message(fmt::format("resume: skipped {}: {}", checkpoint.path, checkpoint.error));
     }
   }
 
