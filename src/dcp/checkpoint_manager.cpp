@@ -80,7 +80,7 @@ struct CheckpointManager::Pending {
 
 CheckpointManager::CheckpointManager(std::string directory, CheckpointManagerOptions options,
                                      std::optional<dist::ProcessGroup> group)
-    : directory_(std::move(directory)), options_(options), group_(std::move(group)) {
+    : directory_(std::move(directory)), options_(std::move(options)), group_(std::move(group)) {
   for (const auto& [name, value] : {std::pair<const char*, int64_t>{"save_every", options_.save_every()},
                                     {"keep_last", options_.keep_last()},
                                     {"keep_every", options_.keep_every()}}) {
@@ -243,6 +243,7 @@ std::optional<int64_t> CheckpointManager::restore(StateDict& state, LoadOptions 
   }
   if (!newest_error) return std::nullopt;
   std::vector<std::string> tried;
+  tried.reserve(unreadable.size());
   for (const SkippedCheckpoint& checkpoint : unreadable) tried.push_back(std::to_string(checkpoint.step));
   const std::string context = fmt::format(
       "CheckpointManager::restore: none of the committed checkpoints of {} "

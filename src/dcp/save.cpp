@@ -1,4 +1,5 @@
 // save and async_save: one process, or the ranks of a group in step (rank_outcomes.h).
+#include "dcp/copy_before_return.h"
 #include "dcp/file_io.h"
 #include "dcp/internal.h"
 #include "dcp/pending_save.h"
@@ -11,14 +12,12 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 
 namespace stowage::dcp {
@@ -36,47 +35,6 @@ StateDict resolve_stateful(const StateDict& state) {
     }
   }
   return plain;
-}
-
-// The names of what the Statefuls of `state` say their forward writes.
-std::unordered_set<std::string> written_in_forward(const StateDict& state) {
-  std::unordered_set<std::string> names;
-  for (const auto& item : state) {
-    if (const c10::intrusive_ptr<Stateful> object = as_stateful(item.value())) {
-      for (ObjectPath& path : object->entries_written_in_forward()) {
-        path.insert(path.begin(), item.key());
-        names.insert(path_to_string(path));
-      }
-    }
-  }
-  return names;
-}
-
-bool is_named_by(const std::string& fqn, const std::vector<std::string>& names) {
-  return std::any_of(names.begin(), names.end(), [&fqn](const std::string& name) {
-    return fqn == name ||
-           (fqn.size() > name.size() && fqn.compare(0, name.size(), name) == 0 && fqn[name.size()] == '.');
-  });
-}
-
-// `plain` (whose leaves are `flat`'s), with the tensors the caller's next steps may
-// change before staging completes replaced by copies taken now, in the source's stream
-// order on a device (AsyncSaveOptions). `plain` itself and what it shares stay as they
-// were.
-StateDict copy_before_return(const StateDict& plain, const FlatStateDict& flat,
-                             const std::unordered_set<std::string>& forward_names, const AsyncSaveOptions& options) {
-  std::vector<const FlatEntry*> copied;
-  for (const FlatEntry& entry : flat.entries()) {
-    const bool forward = options.copy_forward_state_before_return() && forward_names.count(entry.fqn) != 0;
-    if (entry.value.isTensor() && (forward || is_named_by(entry.fqn, options.copy_before_return()))) {
-      copied.push_back(&entry);
-    }
-  }
-  if (copied.empty()) return plain;
-  StateDict result = deep_copy_structure(plain);
-  const at::NoGradGuard no_grad;
-  for (const FlatEntry* entry : copied) set_leaf(result, entry->path, entry->value.toTensor().clone());
-  return result;
 }
 
 std::vector<c10::IValue> leaves_of(const FlatStateDict& flat) {
@@ -320,7 +278,7 @@ AsyncSaveResponse async_save(const StateDict& state, StorageWriter& writer, Asyn
     for (const FlatEntry& entry : flat.entries()) {
       if (entry.value.isTensor()) detail::check_saveable_tensor(entry.fqn, entry.value.toTensor());
     }
-    const StateDict source = copy_before_return(plain.state, flat, written_in_forward(state), options);
+    const StateDict source = detail::copy_before_return(state, plain.state, flat, options);
     layouts = std::move(plain.layouts);
     background = chosen->stage_in_background(source);
     if (!background) snapshot = chosen->stage(source);

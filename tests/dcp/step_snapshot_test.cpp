@@ -15,6 +15,7 @@
 #include <atomic>
 #include <future>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace stowage::dcp {
@@ -27,17 +28,16 @@ using testing::ScratchDir;
 class GatedStager final : public AsyncStager {
  public:
   std::optional<std::shared_future<StateDict>> stage_in_background(const StateDict& state) override {
-    return std::async(std::launch::async,
-                      [this, state] {
-                        gate_.get_future().wait();
-                        return BlockingAsyncStager().stage(state);
-                      })
-        .share();
+    return std::async(std::launch::async, [opened = opened_, state] {
+             opened.wait();
+             return BlockingAsyncStager().stage(state);
+           }).share();
   }
   void open() { gate_.set_value(); }
 
  private:
   std::promise<void> gate_;
+  std::shared_future<void> opened_ = gate_.get_future().share();
 };
 
 torch::nn::Sequential batch_norm_model() {
@@ -81,7 +81,7 @@ BuffersSeen save_then_forward(const std::string& checkpoint, AsyncSaveOptions op
   StateDict state;
   state.insert("model", as_ivalue(model.ptr()));
   GatedStager stager;
-  const AsyncSaveResponse response = async_save(state, checkpoint, &stager, options);
+  const AsyncSaveResponse response = async_save(state, checkpoint, &stager, std::move(options));
   model->forward(torch::randn({16, 4}));  // the next step's forward
   seen.after_next_forward = buffers_of(model);
   stager.open();

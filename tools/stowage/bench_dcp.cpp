@@ -1,8 +1,11 @@
 #include "cli_numbers.h"
 #include "commands.h"
 
+#include "train_model.h"
+
 #include "dcp_bench.h"
 #include "python_peer.h"
+#include "step_snapshot_bench.h"
 
 #include <stowage/dist/process_group.h>
 #include <stowage/error.h>
@@ -12,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <vector>
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -64,11 +68,28 @@ void add_bench_dcp(CLI::App& bench) {
                 "also measure PyTorch DCP (torch.distributed.checkpoint, the torch wheel's Python) on the same state "
                 "dict, taking turns with stowage")
       ->excludes(device_option);
+  auto step_snapshot = std::make_shared<bool>(false);
+  dcp->add_flag("--step-snapshot", *step_snapshot,
+                "instead: what copying the buffers the next forward writes costs async_save, for the train model "
+                "and a BatchNorm-heavy one")
+      ->excludes(device_option);
   dcp->add_flag("--json", *json, "print one JSON object");
   // Internal: how --nproc runs each rank.
   dcp->add_flag("--as-rank", *as_rank)->group("");
   dcp->add_option("--result-file", *result_file)->group("");
-  dcp->callback([options, json, nproc, as_rank, result_file, device] {
+  dcp->callback([options, json, nproc, as_rank, result_file, device, step_snapshot] {
+    if (*step_snapshot) {
+      const std::vector<bench::StepSnapshotResult> results = {
+          bench::run_step_snapshot_bench("train model", LanguageModel(LanguageModelOptions()).ptr(), options->dir),
+          bench::run_step_snapshot_bench("256 x BatchNorm1d(1024)", bench::batch_norm_heavy_model(), options->dir)};
+      nlohmann::json out = nlohmann::json::array();
+      for (const auto& result : results) {
+        out.push_back(bench::to_json(result));
+        if (!*json) std::cout << bench::to_text(result);
+      }
+      if (*json) std::cout << out.dump() << "\n";
+      return;
+    }
     if (!device->empty()) {
       const auto result = bench::run_device_staging_bench(*options, parse_device(*device));
       std::cout << bench::to_json(result).dump(*json ? -1 : 2) << "\n";
