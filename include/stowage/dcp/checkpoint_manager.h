@@ -7,7 +7,7 @@
 //   dcp::CheckpointManager manager(run_dir + "/checkpoints",
 //                                  dcp::CheckpointManagerOptions().save_every(50).keep_last(3), group);
 //   StateDict state;
-//   state.insert("model", as_ivalue(model));          // parameters and buffers
+//   state.insert("model", as_ivalue(model.ptr()));    // parameters and buffers
 //   state.insert("optim", as_ivalue(optimizer));      // gains its saved state on restore
 //   if (const auto step = manager.restore(state)) first_step = *step + 1;
 //   for (step = first_step; ...) {
