@@ -28,10 +28,12 @@ using testing::ScratchDir;
 class GatedStager final : public AsyncStager {
  public:
   std::optional<std::shared_future<StateDict>> stage_in_background(const StateDict& state) override {
-    return std::async(std::launch::async, [opened = opened_, state] {
-             opened.wait();
-             return BlockingAsyncStager().stage(state);
-           }).share();
+    return std::async(std::launch::async,
+                      [opened = opened_, state] {
+                        opened.wait();
+                        return BlockingAsyncStager().stage(state);
+                      })
+        .share();
   }
   void open() { gate_.set_value(); }
 
