@@ -20,6 +20,18 @@
 namespace stowage::testing {
 namespace {
 
+// Flips one byte inside the bytes of `chunk` (as `ckpt inspect --json` lists it) of
+// the checkpoint in `dir`.
+void flip_a_byte_of(const std::string& dir, const json& chunk) {
+  FILE* f = std::fopen((fs::path(dir) / chunk["file"].get<std::string>()).c_str(), "r+b");
+  ASSERT_NE(f, nullptr);
+  std::fseek(f, chunk["offset"].get<long>() + 3, SEEK_SET);
+  const int byte = std::fgetc(f);
+  std::fseek(f, chunk["offset"].get<long>() + 3, SEEK_SET);
+  std::fputc(byte ^ 0x40, f);
+  std::fclose(f);
+}
+
 TEST(Train, ResumedRunEndsBitIdenticalToAnUninterruptedOne) {
   RunDir straight, resumed;
   const auto a = train(straight, "--steps 12 --ckpt-every 6");
@@ -121,14 +133,7 @@ TEST(Ckpt, VerifyReportsTheFirstCorruptEntryAndFails) {
   ASSERT_TRUE(first.contains("chunks"));
   const auto& chunk = first["chunks"][0];
   // Flip one byte inside the first tensor's bytes.
-  const fs::path file = fs::path(checkpoint) / chunk["file"].get<std::string>();
-  FILE* f = std::fopen(file.c_str(), "r+b");
-  ASSERT_NE(f, nullptr);
-  std::fseek(f, chunk["offset"].get<long>() + 3, SEEK_SET);
-  const int byte = std::fgetc(f);
-  std::fseek(f, chunk["offset"].get<long>() + 3, SEEK_SET);
-  std::fputc(byte ^ 0x40, f);
-  std::fclose(f);
+  flip_a_byte_of(checkpoint, chunk);
   const auto result = run_command(stowage_binary() + " ckpt verify " + checkpoint);
   EXPECT_EQ(result.status, 2) << result.output;
   EXPECT_NE(result.output.find(first["key"].get<std::string>()), std::string::npos) << result.output;
@@ -237,13 +242,7 @@ TEST(Train, ResumeSkipsACorruptNewestCheckpointForThePreviousOne) {
   });
   ASSERT_NE(entry, inspected["entries"].end()) << inspected.dump(2);
   const json& chunk = (*entry)["chunks"][0];
-  FILE* f = std::fopen((fs::path(newest) / chunk["file"].get<std::string>()).c_str(), "r+b");
-  ASSERT_NE(f, nullptr);
-  std::fseek(f, chunk["offset"].get<long>() + 3, SEEK_SET);
-  const int byte = std::fgetc(f);
-  std::fseek(f, chunk["offset"].get<long>() + 3, SEEK_SET);
-  std::fputc(byte ^ 0x40, f);
-  std::fclose(f);
+  flip_a_byte_of(newest, chunk);
 
   const auto resumed = train(run, "--steps 4 --ckpt-every 2 --resume");
   ASSERT_EQ(resumed.status, 0) << resumed.output;
