@@ -14,6 +14,9 @@ struct BuildInfo {
   std::string libtorch_version;  // of the LibTorch headers compiled against, e.g. "2.11.0"
   bool with_cuda = false;        // built with STOWAGE_WITH_CUDA
   std::string cuda_version;      // the CUDA runtime compiled against, e.g. "13.0"; empty without CUDA
+  // The simulated accelerator (stowage/sim/sim.h, target stowage::sim) was built: it needs
+  // LibTorch 2.x.
+  bool with_sim = false;
 };
 
 BuildInfo build_info();
@@ -26,6 +29,7 @@ int cuda_device_count();
 //   stowage 0.1.0
 //   LibTorch 2.11.0
 //   CUDA 13.0 (0 devices visible)
+//   simulated device: sim (stowage::sim)
 std::string describe_build();
 
 }  // namespace stowage

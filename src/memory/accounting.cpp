@@ -12,7 +12,11 @@
 #include <utility>
 #include <vector>
 
-#if defined(STOWAGE_WITH_CUDA)
+#include <torch/version.h>
+
+#if TORCH_VERSION_MAJOR >= 2
+#include <c10/core/CachingDeviceAllocator.h>
+#elif defined(STOWAGE_WITH_CUDA)
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
@@ -143,6 +147,22 @@ TrackingAllocator& cpu_tracker() {
   return *tracker;
 }
 
+#if TORCH_VERSION_MAJOR >= 2
+// The device allocator serving `device`, or null where its type has none registered (or
+// has one that keeps no statistics).
+c10::DeviceAllocator* device_allocator(c10::Device device) {
+  try {
+    return dynamic_cast<c10::DeviceAllocator*>(c10::GetAllocator(device.type()));
+  } catch (const c10::Error&) {  // none registered
+    return nullptr;
+  }
+}
+#endif
+
+[[maybe_unused]] c10::DeviceIndex index_of(c10::Device device) {
+  return device.index() < 0 ? 0 : device.index();
+}
+
 [[noreturn]] void unsupported(c10::Device device) {
   throw InvalidArgument(fmt::format("memory accounting is not available for device {} in this build", device.str()));
 }
@@ -168,9 +188,18 @@ MemoryStats memory_stats(c10::Device device) {
   if (device.is_cpu()) {
     return cpu_tracker().stats();
   }
-#if defined(STOWAGE_WITH_CUDA)
-  if (device.is_cuda()) {
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
+#if TORCH_VERSION_MAJOR >= 2
+  // Every accelerator's allocator answers through c10::DeviceAllocator: CUDA's, a
+  // PrivateUse1 device's (stowage/sim/sim.h), XPU's.
+  if (c10::DeviceAllocator* allocator = device_allocator(device)) {
+    const auto stats = allocator->getDeviceStats(index_of(device));
+    const auto& bytes = stats.allocated_bytes[0];  // StatType::AGGREGATE
+    return {bytes.current, bytes.peak, stats.allocation[0].allocated, bytes.allocated,
+            stats.reserved_bytes[0].current - bytes.current};
+  }
+#elif defined(STOWAGE_WITH_CUDA)
+  if (device.is_cuda()) {  // LibTorch 1.13 has no device-generic allocator interface
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index_of(device));
     const auto& bytes = stats.allocated_bytes[0];  // StatType::AGGREGATE
     return {bytes.current, bytes.peak, stats.allocation[0].allocated, bytes.allocated};
   }
@@ -183,9 +212,14 @@ void reset_peak_memory_stats(c10::Device device) {
     cpu_tracker().reset_peak();
     return;
   }
-#if defined(STOWAGE_WITH_CUDA)
+#if TORCH_VERSION_MAJOR >= 2
+  if (c10::DeviceAllocator* allocator = device_allocator(device)) {
+    allocator->resetPeakStats(index_of(device));
+    return;
+  }
+#elif defined(STOWAGE_WITH_CUDA)
   if (device.is_cuda()) {
-    c10::cuda::CUDACachingAllocator::resetPeakStats(device.index() < 0 ? 0 : device.index());
+    c10::cuda::CUDACachingAllocator::resetPeakStats(index_of(device));
     return;
   }
 #endif

@@ -21,6 +21,9 @@ BuildInfo build_info() {
   info.with_cuda = true;
   info.cuda_version = fmt::format("{}.{}", CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
 #endif
+#if defined(STOWAGE_WITH_SIM)
+  info.with_sim = true;
+#endif
   return info;
 }
 
@@ -36,9 +39,14 @@ int cuda_device_count() {
 std::string describe_build() {
   const BuildInfo info = build_info();
   std::string text = fmt::format("stowage {}\nLibTorch {}\n", info.version, info.libtorch_version);
-  if (!info.with_cuda) return text + "CUDA: not compiled in";
-  const int devices = cuda_device_count();
-  return text + fmt::format("CUDA {} ({} device{} visible)", info.cuda_version, devices, devices == 1 ? "" : "s");
+  if (info.with_cuda) {
+    const int devices = cuda_device_count();
+    text += fmt::format("CUDA {} ({} device{} visible)", info.cuda_version, devices, devices == 1 ? "" : "s");
+  } else {
+    text += "CUDA: not compiled in";
+  }
+  return text + (info.with_sim ? "\nsimulated device: sim (stowage::sim)"
+                               : "\nsimulated device: not built (it needs LibTorch 2.x)");
 }
 
 }  // namespace stowage

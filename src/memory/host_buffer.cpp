@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/detail/CUDAHooksInterface.h>
+#include <torch/version.h>
 #include <c10/util/irange.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -16,6 +17,10 @@
 
 #if defined(STOWAGE_WITH_CUDA)
 #include <cuda_runtime_api.h>
+#endif
+#if TORCH_VERSION_MAJOR >= 2
+#include <ATen/core/CachingHostAllocator.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
 #endif
 
 namespace stowage::memory {
@@ -53,18 +58,58 @@ void unpin(void* data) {
 #endif
 }
 
+#if TORCH_VERSION_MAJOR >= 2
+// The pinned-memory allocator registered for a device type other than CUDA, or null. (CUDA
+// pins the pages allocate_host maps, in place, which also works for shared memory.)
+at::HostAllocator* pinned_allocator_for(c10::DeviceType device_type) {
+  if (device_type == c10::DeviceType::CUDA) return nullptr;
+  try {
+    return at::getHostAllocator(device_type);
+  } catch (const c10::Error&) {  // none registered
+    return nullptr;
+  }
+}
+
+// `nbytes` of pinned memory from `allocator`, accounted as such until freed.
+at::Tensor allocate_pinned(at::HostAllocator& allocator, c10::IntArrayRef sizes, c10::ScalarType dtype, size_t nbytes) {
+  auto data = std::make_shared<at::DataPtr>(allocator.allocate(nbytes));
+  account(static_cast<int64_t>(nbytes), /*pinned=*/true, /*shared=*/false);
+  auto release = [data, nbytes](void*) mutable {
+    data.reset();
+    account(-static_cast<int64_t>(nbytes), /*pinned=*/true, /*shared=*/false);
+  };
+  return at::from_blob(data->get(), sizes, release, at::TensorOptions().dtype(dtype).device(c10::kCPU));
+}
+#endif
+
 }  // namespace
 
-bool can_pin_memory() {
+bool can_pin_memory(c10::DeviceType device_type) {
+  if (device_type == c10::DeviceType::CUDA) {
 #if defined(STOWAGE_WITH_CUDA)
-  return at::detail::getCUDAHooks().hasCUDA();
+    return at::detail::getCUDAHooks().hasCUDA();
+#else
+    return false;
+#endif
+  }
+#if TORCH_VERSION_MAJOR >= 2
+  return pinned_allocator_for(device_type) != nullptr;
 #else
   return false;
 #endif
 }
 
 bool is_pinned(const at::Tensor& tensor) {
-  return tensor.defined() && tensor.is_cpu() && tensor.is_pinned();
+  if (!tensor.defined() || !tensor.is_cpu()) return false;
+#if TORCH_VERSION_MAJOR >= 2
+  // Asked of each accelerator: Tensor::is_pinned() asks only the one at::getAccelerator()
+  // picks, which is a registered PrivateUse1 device even where CUDA is present too.
+  const void* data = tensor.storage().data();
+  if (can_pin_memory(c10::DeviceType::CUDA) && at::detail::getCUDAHooks().isPinnedPtr(data)) return true;
+  return at::isPrivateUse1HooksRegistered() && at::detail::getPrivateUse1Hooks().isPinnedPtr(data);
+#else
+  return tensor.is_pinned();
+#endif
 }
 
 at::Tensor allocate_host(c10::IntArrayRef sizes, c10::ScalarType dtype, HostAllocOptions options) {
@@ -82,6 +127,13 @@ at::Tensor allocate_host(c10::IntArrayRef sizes, c10::ScalarType dtype, HostAllo
   }
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   const size_t mapped = (nbytes + page - 1) / page * page;
+#if TORCH_VERSION_MAJOR >= 2
+  if (options.pin_memory && !options.share_memory) {
+    if (at::HostAllocator* allocator = pinned_allocator_for(options.pin_for)) {
+      return allocate_pinned(*allocator, sizes, dtype, mapped);
+    }
+  }
+#endif
 
   int fd = -1;
   void* data = MAP_FAILED;
@@ -102,7 +154,8 @@ at::Tensor allocate_host(c10::IntArrayRef sizes, c10::ScalarType dtype, HostAllo
     if (fd >= 0) close(fd);
     throw Error(fmt::format("allocate_host: cannot map {} bytes: {}", mapped, std::strerror(err)));
   }
-  const bool pinned = options.pin_memory && can_pin_memory() && pin(data, mapped);
+  const bool pinned =
+      options.pin_memory && options.pin_for == c10::DeviceType::CUDA && can_pin_memory() && pin(data, mapped);
   const bool shared = fd >= 0;
   account(static_cast<int64_t>(mapped), pinned, shared);
   auto release = [mapped, fd, pinned, shared](void* ptr) {

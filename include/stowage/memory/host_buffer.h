@@ -5,6 +5,7 @@
 // out as ordinary CPU tensors that free their memory when the last reference goes.
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/ArrayRef.h>
 
@@ -14,20 +15,27 @@
 namespace stowage::memory {
 
 struct HostAllocOptions {
-  // Page-locked, when the build has a device runtime that can pin (see can_pin_memory).
+  // Page-locked for devices of type pin_for, where that device's runtime can pin (see
+  // can_pin_memory).
   bool pin_memory = false;
-  // Backed by a memfd, so that another process can map the same pages.
+  // Backed by a memfd, so that another process can map the same pages. Pinning for a
+  // device other than CUDA takes the memory from that device's pinned allocator, which
+  // cannot share it: share_memory then wins.
   bool share_memory = false;
+  c10::DeviceType pin_for = c10::DeviceType::CUDA;
 };
 
-// True when this build and machine can page-lock host memory for a device.
-bool can_pin_memory();
+// True when this build and machine can page-lock host memory for devices of `device_type`:
+// CUDA with a GPU present; on LibTorch 2.x, any accelerator with a pinned-memory allocator
+// registered (at::getHostAllocator), such as the simulated device of stowage/sim/sim.h.
+bool can_pin_memory(c10::DeviceType device_type = c10::DeviceType::CUDA);
 
-// Whether `tensor`'s memory is page-locked for a device.
+// Whether `tensor`'s memory is page-locked for a device (CUDA, or a registered
+// PrivateUse1 device).
 bool is_pinned(const at::Tensor& tensor);
 
 // A contiguous CPU tensor of uninitialised memory. Pinning is best effort: it silently
-// falls back to pageable memory where can_pin_memory() is false.
+// falls back to pageable memory where can_pin_memory(options.pin_for) is false.
 at::Tensor allocate_host(c10::IntArrayRef sizes, c10::ScalarType dtype, HostAllocOptions options = {});
 
 // The shape and dtype of one tensor allocate_host_tensors makes.
