@@ -29,8 +29,10 @@ void CopyAhead::start(size_t k) {
   if (!needs_copy(tensor)) return;
   const at::Tensor source = tensor.resolve_conj().resolve_neg();
   memory::CopyEngine& engine = engine_for(source.device());
-  hosts_[k] = memory::allocate_host(source.sizes(), source.scalar_type(),
-                                    memory::HostAllocOptions{/*pin_memory=*/memory::can_pin_memory()});
+  memory::HostAllocOptions pinned;
+  pinned.pin_memory = true;
+  pinned.pin_for = source.device().type();
+  hosts_[k] = memory::allocate_host(source.sizes(), source.scalar_type(), pinned);
   // After whatever the current stream still has to do to the tensor.
   engine.wait(memory::CopyLane::kDeviceToHost, engine.record_compute());
   engine.copy(memory::CopyLane::kDeviceToHost, hosts_[k], source);

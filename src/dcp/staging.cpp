@@ -3,6 +3,7 @@
 #include <stowage/dcp/staging.h>
 #include <stowage/error.h>
 #include <stowage/memory/host_buffer.h>
+#include <stowage/memory/skipped_sync.h>
 #include <stowage/state/copy.h>
 
 #include <ATen/ATen.h>
@@ -118,9 +119,11 @@ StateDict DefaultStager::stage_now(const FlatStateDict& flat) {
   std::vector<const c10::Storage*> uncached;
   std::unordered_set<const void*> seen;
   std::vector<memory::HostTensorSpec> specs;
+  memory::HostAllocOptions host_options{options_.use_pinned_memory(), options_.use_shared_memory()};
   for (const FlatEntry& entry : flat.entries()) {
     if (!entry.value.isTensor()) continue;
     const c10::Storage& storage = entry.value.toTensor().storage();
+    if (!storage.device().is_cpu()) host_options.pin_for = storage.device().type();
     const void* key = storage.unsafeGetStorageImpl();
     const auto it = cache_.find(key);
     if (it != cache_.end() && it->second->bytes.numel() == static_cast<int64_t>(storage.nbytes())) continue;
@@ -128,8 +131,7 @@ StateDict DefaultStager::stage_now(const FlatStateDict& flat) {
     uncached.push_back(&storage);
     specs.push_back(memory::HostTensorSpec{{static_cast<int64_t>(storage.nbytes())}, c10::kByte});
   }
-  const std::vector<at::Tensor> buffers = memory::allocate_host_tensors(
-      specs, memory::HostAllocOptions{options_.use_pinned_memory(), options_.use_shared_memory()}, kArenaBytes);
+  const std::vector<at::Tensor> buffers = memory::allocate_host_tensors(specs, host_options, kArenaBytes);
   for (size_t i = 0; i < uncached.size(); ++i) {
     cache_[uncached[i]->unsafeGetStorageImpl()] =
         std::make_shared<CachedStorage>(CachedStorage{uncached[i]->getWeakStorageImpl(), buffers[i]});
@@ -175,7 +177,7 @@ StateDict DefaultStager::stage_now(const FlatStateDict& flat) {
     staged.add(FlatEntry{entry.fqn, entry.path, std::move(view)});
   }
   for (const c10::Stream& stream : used_streams) {
-    stream.synchronize();
+    if (!memory::sync_skipped(memory::SkippedSync::kStagingWait)) stream.synchronize();
   }
   return unflatten_state_dict(staged);
 }

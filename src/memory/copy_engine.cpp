@@ -1,5 +1,6 @@
 #include <stowage/error.h>
 #include <stowage/memory/copy_engine.h>
+#include <stowage/memory/skipped_sync.h>
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -182,7 +183,9 @@ class CopyEngine::StreamLane final : public CopyEngine::Lane {
     const c10::AutoGradMode no_grad(false);
     dst.copy_(src, /*non_blocking=*/true);
     const at::Tensor& on_device = dst.device() == device_ ? dst : src;
-    guard_impl_.recordDataPtrOnStream(on_device.storage().data_ptr(), stream_);
+    if (!sync_skipped(SkippedSync::kRecordStream)) {
+      guard_impl_.recordDataPtrOnStream(on_device.storage().data_ptr(), stream_);
+    }
   }
 
   CopyEvent record() override {

@@ -8,12 +8,13 @@
 
 namespace stowage::optim::detail {
 
-void DiskTier::ensure_buffers(int64_t bytes, bool pin) {
+void DiskTier::ensure_buffers(int64_t bytes, c10::Device device) {
   if (bytes == buffer_bytes && static_cast<int64_t>(buffers.size()) == buffer_count) return;
   buffers.clear();  // the old ones go first, so that the tier never holds both
   buffer_bytes = 0;
   memory::HostAllocOptions options;
-  options.pin_memory = pin;
+  options.pin_memory = !device.is_cpu();
+  options.pin_for = device.type();
   for (int64_t i = 0; i < buffer_count; ++i) buffers.push_back(memory::allocate_host({bytes}, at::kByte, options));
   buffer_bytes = bytes;
   stats.buffer_bytes = bytes;

@@ -27,9 +27,9 @@ void set_disk_fault_injector(SwapOptimizer& optimizer, DiskFaultInjector injecto
 struct DiskTier {
   DiskTier(SwapIoPath path, int64_t buffer_count) : io(make_swap_file_io(path)), buffer_count(buffer_count) {}
 
-  // buffer_count buffers of `bytes` each (kDiskAlignmentBytes-aligned), reusing the
-  // current ones when they are that size already.
-  void ensure_buffers(int64_t bytes, bool pin);
+  // buffer_count buffers of `bytes` each (kDiskAlignmentBytes-aligned), pinned for
+  // `device` unless it is the CPU, reusing the current ones when they are that size already.
+  void ensure_buffers(int64_t bytes, c10::Device device);
 
   std::unique_ptr<SwapFileIo> io;
   int64_t buffer_count;

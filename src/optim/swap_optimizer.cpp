@@ -320,6 +320,7 @@ void SwapOptimizer::ensure_host_layout(std::vector<SlotRequest> requests) {
   const int64_t alignment = disk_ ? detail::kDiskAlignmentBytes : detail::kAlignmentBytes;
   memory::HostAllocOptions host_options;
   host_options.pin_memory = !device_.is_cpu();
+  host_options.pin_for = device_.type();
 
   auto fresh = std::make_unique<HostLayout>();
   std::vector<int64_t> offsets(requests.size(), 0);
@@ -543,7 +544,7 @@ std::vector<int64_t> SwapOptimizer::disk_batches(const std::vector<Unit>& units,
       largest = std::max(largest, cost);
     }
     if (budget == 0 || largest <= buffer_bytes) {
-      disk_->ensure_buffers(budget == 0 ? largest : buffer_bytes, /*pin=*/!device_.is_cpu());
+      disk_->ensure_buffers(budget == 0 ? largest : buffer_bytes, device_);
       return sizes;
     }
     parts += std::max<int64_t>(1, parts / 8);

@@ -1,6 +1,7 @@
 #include "optim/swap_pipeline.h"
 
 #include <stowage/error.h>
+#include <stowage/memory/skipped_sync.h>
 
 #include "exception_message.h"
 
@@ -54,7 +55,7 @@ class Pipeline {
       upload(0);
       if (count > 1) upload(1);
       for (int64_t b = 0; b < count; ++b) {
-        engine_.wait_compute(uploaded_[b]);
+        if (!memory::sync_skipped(memory::SkippedSync::kUploadWait)) engine_.wait_compute(uploaded_[b]);
         for (size_t u = batches_.begin(b); u < batches_.end(b); ++u) {
           update(units_[u], [&](const UnitSlot& slot) { return transport_.device_state(b, u, slot); });
           processed_ = u + 1;

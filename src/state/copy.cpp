@@ -50,16 +50,17 @@ c10::IValue copy_leaf(const c10::IValue& leaf) {
 StateDict create_cpu_state_dict(const StateDict& state, CpuStateDictOptions options) {
   const FlatStateDict flat = flatten_state_dict(state);
   std::vector<memory::HostTensorSpec> specs;
+  memory::HostAllocOptions host_options{options.pin_memory, options.share_memory};
   for (const FlatEntry& entry : flat.entries()) {
     if (!entry.value.isTensor()) continue;
     const at::Tensor& source = entry.value.toTensor();
     if (!source.defined()) {
       throw InvalidArgument(fmt::format("state dict entry '{}' is an undefined tensor", entry.fqn));
     }
+    if (!source.is_cpu()) host_options.pin_for = source.device().type();
     specs.push_back(memory::HostTensorSpec{source.sizes().vec(), source.scalar_type()});
   }
-  const std::vector<at::Tensor> buffers = memory::allocate_host_tensors(
-      specs, memory::HostAllocOptions{options.pin_memory, options.share_memory}, kCpuStateDictArenaBytes);
+  const std::vector<at::Tensor> buffers = memory::allocate_host_tensors(specs, host_options, kCpuStateDictArenaBytes);
   FlatStateDict staged;
   size_t next_buffer = 0;
   for (const FlatEntry& entry : flat.entries()) {

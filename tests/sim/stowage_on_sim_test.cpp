@@ -1,0 +1,196 @@
+// stowage's device paths on the simulated accelerator: the copy engine, DefaultStager and
+// the swap optimizer run on it as on a GPU, and each synchronization they rely on is
+// shown to matter: with it switched off (memory::skip_sync_for_testing), the device
+// exposes the bug.
+#include <stowage/build_info.h>
+
+#include <gtest/gtest.h>
+
+#if defined(STOWAGE_WITH_SIM)
+#include <stowage/dcp/staging.h>
+#include <stowage/memory/accounting.h>
+#include <stowage/memory/copy_engine.h>
+#include <stowage/memory/host_buffer.h>
+#include <stowage/memory/skipped_sync.h>
+#include <stowage/sim/sim.h>
+
+#include "optim/swap_test_util.h"
+
+#include <gmock/gmock.h>
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+#endif
+
+namespace {
+
+#if !defined(STOWAGE_WITH_SIM)
+
+TEST(StowageOnSim, NeedsLibTorch2) {
+  GTEST_SKIP() << "the simulated device needs LibTorch 2.x; this build is against "
+               << stowage::build_info().libtorch_version;
+}
+
+#else
+
+namespace memory = stowage::memory;
+namespace sim = stowage::sim;
+namespace optim = stowage::optim;
+using ::testing::HasSubstr;
+
+c10::Device sim0() {
+  sim::register_device();
+  return sim::device(0);
+}
+
+// Each test may skip one synchronization; none outlives it. Copies are slow enough that a
+// copy nobody waited for is still queued when its result is read.
+class StowageOnSim : public ::testing::Test {
+ protected:
+  void SetUp() override { sim::set_copy_delay(5000, 10000); }
+  void TearDown() override {
+    memory::skip_sync_for_testing(memory::SkippedSync::kNone);
+    sim::synchronize_all();
+    sim::set_copy_delay(0, 200);
+    sim::clear_hazards();
+  }
+};
+
+// ---------------------------------------------------------------- copy engine
+
+// Downloads a device tensor the caller drops at once, as CopyEngine's contract allows.
+at::Tensor download_dropped_tensor(memory::CopyEngine& engine) {
+  memory::HostAllocOptions pinned;
+  pinned.pin_memory = true;
+  pinned.pin_for = engine.device().type();
+  at::Tensor host = memory::allocate_host({4096}, torch::kFloat, pinned);
+  {
+    at::Tensor on_device = torch::full({4096}, 5.0f, torch::TensorOptions().device(engine.device()));
+    engine.wait(memory::CopyLane::kDeviceToHost, engine.record_compute());
+    engine.copy(memory::CopyLane::kDeviceToHost, host, on_device);
+  }
+  engine.synchronize(engine.record(memory::CopyLane::kDeviceToHost));
+  return host;
+}
+
+TEST_F(StowageOnSim, CopyEngineKeepsADroppedDeviceTensorUntilItsDownloadRan) {
+  memory::CopyEngine engine(sim0());
+  EXPECT_TRUE(torch::equal(download_dropped_tensor(engine), torch::full({4096}, 5.0f)));
+}
+
+TEST_F(StowageOnSim, WithoutRecordStreamTheDownloadReadsFreedPoisonedMemory) {
+  memory::CopyEngine engine(sim0());
+  memory::skip_sync_for_testing(memory::SkippedSync::kRecordStream);
+  EXPECT_TRUE(torch::isnan(download_dropped_tensor(engine)).all().item<bool>());
+}
+
+// ---------------------------------------------------------------- staging
+
+stowage::StateDict device_state(c10::Device device) {
+  torch::manual_seed(11);
+  stowage::StateDict state;
+  for (int i = 0; i < 4; ++i) {
+    state.insert("t" + std::to_string(i), torch::randn({2048 + i}, torch::TensorOptions().device(device)));
+  }
+  return state;
+}
+
+// Stages on the stager's own stream into pinned buffers; true when every staged tensor
+// equals its source.
+bool staged_equals_source(const stowage::StateDict& state) {
+  stowage::dcp::DefaultStager stager(stowage::dcp::StagingOptions(/*pinned=*/true, /*shared=*/false,
+                                                                  /*async_staging=*/false, /*non_blocking=*/true));
+  const stowage::StateDict staged = stager.stage(state);
+  bool equal = true;
+  for (const auto& item : state) {
+    const at::Tensor copy = staged.at(item.key()).toTensor();
+    EXPECT_TRUE(memory::is_pinned(copy)) << item.key();
+    equal = equal && torch::equal(copy, item.value().toTensor().cpu());
+  }
+  return equal;
+}
+
+TEST_F(StowageOnSim, DefaultStagerStagesDeviceTensorsThroughItsOwnStream) {
+  EXPECT_TRUE(staged_equals_source(device_state(sim0())));
+}
+
+TEST_F(StowageOnSim, WithoutTheStagingWaitTheSnapshotIsReadBeforeItsBytesArrive) {
+  const stowage::StateDict state = device_state(sim0());
+  memory::skip_sync_for_testing(memory::SkippedSync::kStagingWait);
+  EXPECT_FALSE(staged_equals_source(state));
+}
+
+// ---------------------------------------------------------------- swap optimizer
+
+class SwapOnSim : public StowageOnSim, public ::testing::WithParamInterface<optim::testing::SwapMode> {};
+
+std::vector<torch::Tensor> to_device(const std::vector<torch::Tensor>& params, c10::Device device) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : params) out.push_back(p.detach().to(device).requires_grad_());
+  return out;
+}
+
+void set_device_grads(std::vector<torch::Tensor>& params, int step) {
+  std::vector<torch::Tensor> grads = params;
+  optim::testing::set_grads(grads, step);
+  for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = grads[i].grad().to(params[i].device());
+}
+
+TEST_P(SwapOnSim, IsBitIdenticalToAdamWAndKeepsOnlyTwoBatchesOnTheDevice) {
+  const c10::Device device = sim0();
+  sim::set_copy_delay(0, 200);  // many copies: the default delay
+  constexpr int64_t kSwapTimes = 4;
+  // 32 parameters: the update's one temporary of a parameter's size is under the 5%.
+  constexpr int64_t kParams = 32;
+  const auto cpu_params = optim::testing::make_params(optim::testing::Shapes(kParams, {optim::testing::kSwappedNumel}));
+  auto plain_params = to_device(cpu_params, device);
+  auto params = to_device(cpu_params, device);
+  torch::optim::AdamW plain(plain_params, torch::optim::AdamWOptions(1e-2));
+  auto swap = optim::swap_optimizer(optim::testing::adamw(params),
+                                    GetParam().apply(optim::SwapOptimizerConfig().swap_times(kSwapTimes)));
+  const int64_t state_bytes = kParams * 2 * optim::testing::kSwappedNumel * 4;
+  for (int step = 0; step < 3; ++step) {
+    set_device_grads(plain_params, step);
+    set_device_grads(params, step);
+    plain.step();
+    const int64_t before = memory::memory_allocated(device);
+    memory::reset_peak_memory_stats(device);
+    swap->step();
+    sim::synchronize_all();
+    EXPECT_EQ(memory::memory_allocated(device), before) << "step " << step << ": states stayed on the device";
+    const int64_t peak = memory::max_memory_allocated(device) - before;
+    EXPECT_LE(peak, (2.0 / kSwapTimes + 0.05) * state_bytes) << "step " << step;
+    EXPECT_GT(peak, 0) << "step " << step;
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(torch::equal(params[i].cpu(), plain_params[i].cpu())) << "parameter " << i;
+  }
+  EXPECT_TRUE(sim::hazards().empty()) << sim::hazards().front();
+}
+
+TEST_P(SwapOnSim, WithoutTheUploadWaitTheUpdateReadsStatesStillBeingCopied) {
+  const c10::Device device = sim0();
+  auto params =
+      to_device(optim::testing::make_params(optim::testing::Shapes(4, {optim::testing::kSwappedNumel})), device);
+  auto swap = optim::swap_optimizer(optim::testing::adamw(params),
+                                    GetParam().apply(optim::SwapOptimizerConfig().swap_times(2)));
+  set_device_grads(params, 0);
+  swap->step();  // creates the states, which go to the host
+  set_device_grads(params, 1);
+  memory::skip_sync_for_testing(memory::SkippedSync::kUploadWait);
+  try {
+    swap->step();
+    FAIL() << "the update read states whose upload had not finished";
+  } catch (const std::exception& e) {
+    EXPECT_THAT(e.what(), HasSubstr("hazard on sim:0"));
+    EXPECT_THAT(e.what(), HasSubstr("is still writing"));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, SwapOnSim, ::testing::ValuesIn(optim::testing::swap_modes()),
+                         optim::testing::mode_name);
+
+#endif
+
+}  // namespace
