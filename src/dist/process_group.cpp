@@ -22,6 +22,7 @@
 #endif
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -379,8 +380,20 @@ namespace {
 [[noreturn]] void no_backend_for(c10::Device device) {
   throw InvalidArgument(
       fmt::format("ProcessGroup: no c10d backend for tensors on {} in this build (CPU tensors use "
-                  "Gloo; CUDA tensors need a CUDA build, which uses NCCL)",
+                  "Gloo; CUDA tensors need a CUDA build, which uses NCCL; other accelerators go through host "
+                  "copies over Gloo)",
                   device.str()));
+}
+
+// A device whose tensors have no c10d backend of their own but copy to and from the host:
+// an accelerator other than CUDA (a PrivateUse1 device such as stowage's simulated one),
+// or CUDA in a build without it. Their collectives run over Gloo on host copies, the
+// path c10d itself offers such a device when it has no collective library.
+bool collects_through_host(c10::Device device) {
+#if defined(STOWAGE_WITH_CUDA)
+  if (device.is_cuda()) return false;
+#endif
+  return !device.is_cpu() && device.type() != c10::kMeta && c10::impl::hasDeviceGuardImpl(device.type());
 }
 
 // The backend of a tensor collective on `device` (see the header).
@@ -405,6 +418,7 @@ CollectiveBackend& tensor_backend(ProcessGroup::Impl& g, c10::Device device) {
 
 std::string ProcessGroup::backend_name(c10::Device device) const {
   if (device.is_cpu()) return "gloo";
+  if (collects_through_host(device)) return "gloo (host copies)";
 #if defined(STOWAGE_WITH_CUDA)
   if (device.is_cuda()) return "nccl";
 #endif
@@ -414,6 +428,12 @@ std::string ProcessGroup::backend_name(c10::Device device) const {
 void ProcessGroup::all_reduce_sum(at::Tensor& tensor) const {
   Impl& g = *impl_;
   check_collective_tensor(tensor, "all_reduce_sum");
+  if (collects_through_host(tensor.device())) {
+    at::Tensor host = tensor.cpu();
+    all_reduce_sum(host);
+    tensor.copy_(host);
+    return;
+  }
   CollectiveBackend& backend = tensor_backend(g, tensor.device());
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions options;
@@ -425,6 +445,12 @@ void ProcessGroup::all_reduce_sum(at::Tensor& tensor) const {
 void ProcessGroup::broadcast(at::Tensor& tensor, int64_t root) const {
   Impl& g = *impl_;
   check_collective_tensor(tensor, "broadcast");
+  if (collects_through_host(tensor.device())) {
+    at::Tensor host = tensor.cpu();
+    broadcast(host, root);
+    tensor.copy_(host);
+    return;
+  }
   CollectiveBackend& backend = tensor_backend(g, tensor.device());
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions options;

@@ -2,6 +2,7 @@
 // one and of several ranks run as threads, per-group attachments, the SIGPIPE policy.
 
 #include "process_groups.h"
+#include "test_device.h"
 
 #include <stowage/build_info.h>
 #include <stowage/error.h>
@@ -83,6 +84,24 @@ TEST(DistProcessGroup, ByteCollectivesOfAGroupOfOne) {
   group.barrier();
   const ProcessGroup sub_group = group.new_group("sub");
   EXPECT_EQ(sub_group.all_gather("x"), std::vector<std::string>{"x"});
+}
+
+// An accelerator without a collective library of its own (here the simulated device): its
+// tensors' collectives go over Gloo on host copies.
+TEST(DistProcessGroup, TensorsOfAnAcceleratorWithoutItsOwnBackendGoThroughHostCopies) {
+  const c10::Device device = testing::test_device();
+  if (device.is_cpu() || device.is_cuda())
+    GTEST_SKIP() << "the test device, " << device << ", has a backend of its own";
+  testing::run_ranks(2, [device](const ProcessGroup& group) {
+    EXPECT_EQ(group.backend_name(device), "gloo (host copies)");
+    at::Tensor summed = at::full({5}, static_cast<double>(group.rank() + 1), at::TensorOptions().device(device));
+    group.all_reduce_sum(summed);
+    EXPECT_EQ(summed.device(), device);
+    EXPECT_TRUE(summed.cpu().equal(at::full({5}, 3.0)));
+    at::Tensor from_root = at::full({3}, static_cast<double>(group.rank() + 7), at::TensorOptions().device(device));
+    group.broadcast(from_root, 1);
+    EXPECT_TRUE(from_root.cpu().equal(at::full({3}, 8.0)));
+  });
 }
 
 TEST(DistProcessGroup, CollectivesOfThreeRanks) {

@@ -98,14 +98,15 @@ class ProcessGroup {
   // parallelism): dense contiguous tensors. CPU tensors go through the group's Gloo
   // backend; CUDA tensors, in a CUDA build, through c10d's NCCL backend, made on the first
   // such collective over the same store (every rank must then pass CUDA tensors: the
-  // choice is by device). The byte exchanges above stay on Gloo over CPU tensors, so a
+  // choice is by device); tensors of another accelerator (e.g. stowage/sim/sim.h's) through
+  // Gloo on host copies, copied back. The byte exchanges above stay on Gloo over CPU tensors, so a
   // checkpoint never touches the device's streams. Throw Error as above.
   // Sums `tensor` over the ranks.
   void all_reduce_sum(at::Tensor& tensor) const;
   // root's `tensor` into every rank's, which must have its dtype and size.
   void broadcast(at::Tensor& tensor, int64_t root) const;
-  // The c10d backend the tensor collectives use for tensors on `device`: "gloo" or
-  // "nccl". Throws InvalidArgument for a device this build has no backend for.
+  // The c10d backend the tensor collectives use for tensors on `device`: "gloo", "nccl" or
+  // "gloo (host copies)". Throws InvalidArgument for a device this build has no backend for.
   std::string backend_name(c10::Device device) const;
 
  private:
