@@ -139,6 +139,30 @@ TEST(Checkpoint, WithoutPreservedRngStateTheRecomputationDrawsANewMask) {
   EXPECT_FALSE(torch::equal(input.grad(), out.detach()));
 }
 
+// Seed 001 on the build's device (a GPU, the simulated device, or the CPU): dropout inside
+// the checkpoint draws from the device's generator, and the recomputation replays it, so
+// outputs and gradients equal a plain run's from the same generator state bit for bit.
+TEST(Checkpoint, DropoutOnTheBuildsDeviceReplaysFromTheDevicesGenerator) {
+  const c10::Device device = testing::test_device();
+  torch::nn::Dropout dropout(0.5);
+  const auto fn = [&](const at::Tensor& in) { return dropout->forward(torch::tanh(in) * 2); };
+  for (int iteration = 0; iteration < 3; ++iteration) {
+    const at::Tensor input = torch::randn({1 << 14}, torch::TensorOptions().device(device)).requires_grad_();
+    at::Generator generator = at::globalContext().defaultGenerator(device);  // a handle: set_state is non-const
+    const at::Tensor device_state = generator.get_state();
+    const at::Tensor out = checkpoint(fn, input);
+    out.backward(torch::ones_like(out));
+
+    generator.set_state(device_state);
+    const at::Tensor plain_input = input.detach().clone().requires_grad_();
+    const at::Tensor plain_out = fn(plain_input);
+    plain_out.backward(torch::ones_like(plain_out));
+    EXPECT_TRUE(torch::equal(out, plain_out));
+    EXPECT_TRUE(torch::equal(input.grad(), plain_input.grad()));
+    EXPECT_GT(out.eq(0).sum().item<int64_t>(), 1000);  // dropout did drop
+  }
+}
+
 // test_checkpoint_non_tensor_inputs_outputs.
 TEST(Checkpoint, NonTensorInputsAndOutputsPassThrough) {
   const auto foo = [](const IValues& in) -> IValues {

@@ -71,6 +71,7 @@ TEST(CheckpointSequential, LinearStackOnTheBuildsDeviceEqualsPlainRun) {
 TEST(CheckpointSequential, ListOfModulesEqualsPlainRun) {
   torch::manual_seed(1);
   auto model = six_layer_mlp();
+  model->to(testing::test_device());
   const std::vector<torch::nn::AnyModule> modules(model->begin(), model->end());
   expect_equal_to_plain_run(model, modules, 2);
   expect_equal_to_plain_run(model, modules, 3);
