@@ -237,6 +237,22 @@ void swap_charts(const json& swap, UsedKeys& used, json& charts) {
                              peaks));
 }
 
+// The simulated device's capacity benchmark: the largest model each way trains, per capacity.
+void capacity_charts(const json& capacity, UsedKeys& used, json& charts) {
+  std::vector<json> groups;
+  for (const json& row : capacity.value("capacities", json::array())) {
+    groups.push_back(bar_group(row.value("capacity", std::string("?")), row,
+                               {{"plain AdamW", "plain_parameters", "libtorch"},
+                                {"stowage, swap to host", "stowage_host_parameters", "stowage"},
+                                {"stowage, swap to disk", "stowage_disk_parameters", "stowage"}},
+                               1e6, "capacity", used));
+    set_limit(groups.back(), "target: 3 x plain's parameters", 3 * json_number(row, "plain_parameters") / 1e6);
+  }
+  charts.push_back(bar_chart("capacity", "The largest model that trains on a device of fixed capacity (simulated)",
+                             "M parameters", "higher is better; dashed: the target, 3 x what plain training fits",
+                             groups));
+}
+
 // The unit and scale of a key by its suffix.
 std::pair<std::string, double> unit_of(const std::string& key) {
   const auto ends = [&](const std::string& suffix) {
@@ -677,6 +693,7 @@ json report_charts(const json& results) {
   if (results.contains("dcp")) dcp_charts(results["dcp"], used, charts);
   if (results.contains("activation")) activation_charts(results["activation"], used, charts);
   if (results.contains("swap")) swap_charts(results["swap"], used, charts);
+  if (results.contains("capacity")) capacity_charts(results["capacity"], used, charts);
   for (const auto& item : results.items()) {
     if (item.value().is_object() && item.key() != "memory_timeline")
       peer_charts(item.key(), item.value(), used, charts);

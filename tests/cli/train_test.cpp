@@ -159,7 +159,7 @@ TEST(Train, ADeviceThatIsNoneOrMissingHereIsAClearErrorBeforeAnythingIsCreated) 
   for (const auto& [device, message] : std::vector<std::pair<std::string, std::string>>{
            {"gpu0", "--device 'gpu0' is not a device"},
            {"cuda:7", "--device 'cuda:7': this "},  // "built without CUDA", or "machine has N CUDA devices"
-           {"mps", "--device 'mps': stowage runs on the CPU or on CUDA devices"}}) {
+           {"mps", "--device 'mps': stowage runs on the CPU, on CUDA devices, or on the simulated device sim"}}) {
     SCOPED_TRACE(device);
     RunDir dir;
     const auto result = train(dir, "--steps 2 --device " + device);

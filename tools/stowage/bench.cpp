@@ -4,6 +4,7 @@
 #include <python_peer.h>
 #include <report.h>
 
+#include <stowage/build_info.h>
 #include <stowage/error.h>
 
 #include <fmt/format.h>
@@ -112,6 +113,19 @@ void add_swap_rows(std::vector<TargetRow>& rows, const json& r) {
   }
 }
 
+// The promise (issue 28): at each capacity of the simulated device, stowage trains >= 3x the
+// parameters plain training does.
+void add_capacity_rows(std::vector<TargetRow>& rows, const json& r) {
+  if (!r.is_object() || !r.contains("capacities")) return;
+  for (const json& row : r["capacities"]) {
+    const std::string capacity = row["capacity"].get<std::string>();
+    add_row(rows, "capacity", "parameters, stowage (host) / plain, " + capacity,
+            figure_of(row, "stowage_host_over_plain"), ">=", 3);
+    add_row(rows, "capacity", "parameters, stowage (disk) / plain, " + capacity,
+            figure_of(row, "stowage_disk_over_plain"), ">=", 3);
+  }
+}
+
 void add_train_rows(std::vector<TargetRow>& rows, const json& r) {
   add_row(rows, "train", "tokens/s / pytorch's",
           ratio(figure_of(r, "stowage_tokens_per_s"), figure_of(r, "pytorch_tokens_per_s")), ">=", 1);
@@ -127,18 +141,21 @@ std::vector<std::string> quick_args(const std::string& name) {
     return {"--params", "1048576", "--tensors", "16", "--warmup-steps", "0", "--steps", "1", "--cpu-cache-mib", "64"};
   }
   if (name == "train") return {"--steps", "10", "--rounds", "1", "--ckpt-every", "5"};
+  if (name == "capacity") return {"--capacity", "16MiB", "--max-layers", "4", "--steps", "1", "--width", "64"};
   return {};
 }
 
 // The command line of each benchmark's run: `stowage bench <name> --json`, with its
 // Python peer's flag (train runs only to compare with its peer) and --quick's sizes.
+// capacity runs where the build has the simulated device.
 std::vector<std::vector<std::string>> benchmark_runs(const RunAllOptions& options) {
   std::vector<std::string> names{"dcp", "activation", "swap"};
+  if (build_info().with_sim) names.emplace_back("capacity");
   if (options.peer) names.emplace_back("train");
   std::vector<std::vector<std::string>> runs;
   for (const std::string& name : names) {
     std::vector<std::string> run{executable_path(), "bench", name, "--json"};
-    if (options.peer && name != "swap") run.emplace_back("--peer");
+    if (options.peer && name != "swap" && name != "capacity") run.emplace_back("--peer");
     if (options.quick) {
       for (std::string& arg : quick_args(name)) run.push_back(std::move(arg));
     }
@@ -222,6 +239,7 @@ void run_all(const RunAllOptions& options) {
     if (name == "activation") add_activation_rows(rows, results[name]);
     if (name == "swap") add_swap_rows(rows, results[name]);
     if (name == "train") add_train_rows(rows, results[name]);
+    if (name == "capacity") add_capacity_rows(rows, results[name]);
   }
   results["targets"] = targets_json(rows);
   if (!options.report_dir.empty()) {
@@ -265,6 +283,7 @@ void add_bench_command(CLI::App& app) {
   add_bench_grad_sync(*bench);
   add_bench_interop(*bench);
   add_bench_train(*bench);
+  add_bench_capacity(*bench);
   bench->callback([bench, options] {
     if (!bench->get_subcommands().empty()) return;
     if (options->from.empty()) {

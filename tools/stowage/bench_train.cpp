@@ -4,6 +4,7 @@
 // same training in PyTorch (bench/peer/train_peer.py: the same model, the same batches,
 // checkpoint_sequential, torch.optim.AdamW, dcp.async_save with a DefaultStager), the
 // two taking turns round by round.
+#include "child_process.h"
 #include "cli_numbers.h"
 #include "commands.h"
 #include "train_data.h"
@@ -16,20 +17,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <regex>
-#include <sstream>
 #include <utility>
-
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
-
-extern char** environ;
 
 namespace stowage::cli {
 namespace {
@@ -67,31 +58,13 @@ struct TrainRun {
 // Runs `args` with stdout and stderr into `log`; returns what it printed. Throws
 // stowage::Error with its last lines when it fails.
 std::string run_logged(const std::vector<std::string>& args, const std::string& log) {
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  std::vector<std::string> strings = args;
-  std::vector<char*> argv;
-  argv.reserve(strings.size() + 1);
-  for (std::string& arg : strings) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  const int spawned = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (spawned != 0) throw Error(fmt::format("bench train: cannot start '{}': {}", args[0], std::strerror(spawned)));
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  std::ifstream in(log);
-  std::stringstream output;
-  output << in.rdbuf();
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    const std::string text = output.str();
-    throw Error(fmt::format("bench train: `stowage train` failed (status {}): {}", status,
+  const ChildRun run = run_child(args, log);
+  if (!run.succeeded()) {
+    const std::string& text = run.output;
+    throw Error(fmt::format("bench train: `stowage train` failed (status {}): {}", run.status,
                             text.substr(text.size() > 2000 ? text.size() - 2000 : 0)));
   }
-  return output.str();
+  return run.output;
 }
 
 // The command line of `stowage train` for the run `o` describes, into `run_dir`.

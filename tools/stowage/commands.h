@@ -22,6 +22,7 @@ void add_bench_dcp(CLI::App& bench);
 void add_bench_grad_sync(CLI::App& bench);
 void add_bench_interop(CLI::App& bench);
 void add_bench_train(CLI::App& bench);
+void add_bench_capacity(CLI::App& bench);
 
 // Runs `command` as ranks 0..nproc-1 with torchrun's environment (port 0: a free one);
 // returns the first failed rank's exit status, or 0.

@@ -1,0 +1,93 @@
+// `stowage train --device sim` and `stowage bench capacity`: a model whose plain training
+// exceeds the simulated device's capacity trains within it with stowage.
+#include "cli/train_util.h"
+
+#include <stowage/build_info.h>
+
+#include <gmock/gmock.h>
+
+namespace stowage::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Activation-heavy: batch 16 x 64 tokens through 4 blocks of width 64. Plain training
+// needs ~22 MiB of device memory, stowage's ~12 MiB (measured).
+const std::string kActivationHeavy = " --layers 4 --width 64 --heads 2 --batch 16 --seq-len 64 --threads 1";
+
+CommandResult train_on_sim(const RunDir& dir, const std::string& capacity, const std::string& args) {
+  return run_command("STOWAGE_SIM_CAPACITY=" + capacity + " " + stowage_binary() + " train --device sim --run-dir " +
+                     dir.str() + kActivationHeavy + " --log-every 1000 " + args);
+}
+
+TEST(TrainOnSim, APlainRunPastTheCapacityFailsWithTheDevicesOutOfMemoryErrorAndStowagesFinishes) {
+  if (!build_info().with_sim) GTEST_SKIP() << "the simulated device needs LibTorch 2.x";
+  RunDir plain_dir;
+  const auto plain = train_on_sim(plain_dir, "16MiB", "--steps 2 --swap-times 0 --recompute-segments 0");
+  EXPECT_NE(plain.status, 0) << plain.output;
+  EXPECT_THAT(plain.output, HasSubstr("sim:0 is out of memory: tried to allocate "));
+  EXPECT_THAT(plain.output, HasSubstr("the device holds 16777216 bytes (16.00 MiB)"));
+  RunDir stowage_dir;
+  const auto with_stowage = train_on_sim(stowage_dir, "16MiB", "--steps 2 --swap-times 4 --recompute-segments 4");
+  EXPECT_EQ(with_stowage.status, 0) << with_stowage.output;
+  EXPECT_THAT(with_stowage.output, HasSubstr("done: steps 1-2"));
+  EXPECT_THAT(with_stowage.output, HasSubstr("on sim:0"));
+}
+
+TEST(TrainOnSim, ResumingOnTheDeviceEndsAsTheUninterruptedRun) {
+  if (!build_info().with_sim) GTEST_SKIP() << "the simulated device needs LibTorch 2.x";
+  RunDir whole;
+  ASSERT_EQ(train_on_sim(whole, "64MiB", "--steps 4 --ckpt-every 2").status, 0);
+  RunDir halves;
+  ASSERT_EQ(train_on_sim(halves, "64MiB", "--steps 2 --ckpt-every 2").status, 0);
+  const auto resumed = train_on_sim(halves, "64MiB", "--steps 4 --ckpt-every 2 --resume");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_EQ(fingerprint(whole.str() + "/checkpoints/step-00000004"),
+            fingerprint(halves.str() + "/checkpoints/step-00000004"));
+}
+
+// Data parallelism on a device without a collective library of its own: the gradients go
+// over Gloo on host copies, as c10d offers such a device.
+TEST(TrainOnSim, TwoRanksAllReduceTheirGradientsThroughHostCopies) {
+  if (!build_info().with_sim) GTEST_SKIP() << "the simulated device needs LibTorch 2.x";
+  RunDir dir;
+  const auto result = train_on_sim(dir, "64MiB", "--steps 2 --nproc 2");
+  ASSERT_EQ(result.status, 0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("on sim:0, gradients all-reduced through c10d gloo (host copies)"));
+  EXPECT_THAT(result.output, HasSubstr("done: steps 1-2"));
+}
+
+TEST(TrainOnSim, BadDevicesAndCapacitiesAreClearErrorsNamingTheValue) {
+  const bool with_sim = build_info().with_sim;
+  for (const auto& [capacity, device, message] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"64MiB", "sim:9", with_sim ? "there is no device sim:9" : "needs LibTorch 2.x"},
+           {"64MiB", "sim:x", with_sim ? "--device 'sim:x': expected sim or sim:N" : "needs LibTorch 2.x"},
+           {"0", "sim", with_sim ? "STOWAGE_SIM_CAPACITY='0' is not a capacity" : "needs LibTorch 2.x"},
+           {"-3MiB", "sim", with_sim ? "STOWAGE_SIM_CAPACITY='-3MiB' is not a capacity" : "needs LibTorch 2.x"},
+           {"lots", "sim", with_sim ? "STOWAGE_SIM_CAPACITY='lots' is not a capacity" : "needs LibTorch 2.x"}}) {
+    SCOPED_TRACE(capacity + " " + device);
+    RunDir dir;
+    const auto result = run_command("STOWAGE_SIM_CAPACITY=" + capacity + " " + stowage_binary() +
+                                    " train --steps 1 --device " + device + " --run-dir " + dir.str());
+    EXPECT_NE(result.status, 0) << result.output;
+    EXPECT_THAT(result.output, HasSubstr(message));
+    EXPECT_FALSE(fs::exists(dir.path)) << "created " << dir.str();
+  }
+}
+
+TEST(BenchCapacity, FindsTheLargestModelOfEachWay) {
+  if (!build_info().with_sim) GTEST_SKIP() << "the simulated device needs LibTorch 2.x";
+  const json result = run_json("bench capacity --json --capacity 16MiB --max-layers 4 --steps 1 --width 64 --batch 16");
+  const json& row = result["capacities"][0];
+  EXPECT_EQ(row["capacity"], "16MiB");
+  // Plain training fits fewer blocks than the search's cap; stowage's reaches it.
+  EXPECT_GE(row["plain_layers"].get<int64_t>(), 1) << row.dump();
+  EXPECT_LT(row["plain_layers"].get<int64_t>(), 4) << row.dump();
+  EXPECT_EQ(row["stowage_host_layers"], 4) << row.dump();
+  EXPECT_EQ(row["stowage_disk_layers"], 4) << row.dump();
+  EXPECT_DOUBLE_EQ(row["stowage_host_over_plain"].get<double>(),
+                   row["stowage_host_parameters"].get<double>() / row["plain_parameters"].get<double>());
+}
+
+}  // namespace
+}  // namespace stowage::testing

@@ -1,0 +1,210 @@
+// `stowage bench capacity`: the product's promise, measured. On the simulated device
+// (stowage/sim/sim.h) of a fixed capacity, the largest model of `stowage train`'s family
+// (its number of blocks, found by search) whose plain training fits (AdamW, no activation
+// checkpointing), against the largest that trains with stowage (each block checkpointed,
+// AdamW's state swapped to host memory or to disk). Each size is actually trained, for a
+// few steps, by the real command in a child process: a size fits when the run finishes,
+// and does not when it fails with the device's out-of-memory error. The simulator's time
+// is no device's time: only sizes are reported.
+#include "child_process.h"
+#include "cli_numbers.h"
+#include "commands.h"
+#include "train_data.h"
+#include "train_model.h"
+
+#include <bench_util.h>
+
+#include <stowage/build_info.h>
+#include <stowage/error.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace stowage::cli {
+namespace {
+
+struct CapacityBenchOptions {
+  std::vector<std::string> capacities{"64MiB", "128MiB"};
+  int64_t steps = 3;
+  int64_t batch = 16;
+  int64_t seq_len = 64;
+  int64_t width = 128;
+  int64_t heads = 4;
+  int64_t swap_times = 4;
+  int64_t max_layers = 128;  // the search stops there
+  std::string corpus = kDefaultCorpusDir;
+  std::string dir;  // scratch space; empty: the system temp directory
+  bool json = false;
+};
+
+enum class Mode { kPlain, kStowageHost, kStowageDisk };
+
+const char* mode_key(Mode mode) {
+  switch (mode) {
+    case Mode::kPlain:
+      return "plain";
+    case Mode::kStowageHost:
+      return "stowage_host";
+    case Mode::kStowageDisk:
+      return "stowage_disk";
+  }
+  return "";
+}
+
+// Whether `layers` blocks train for o.steps steps on a sim device of `capacity` in `mode`.
+// Throws stowage::Error when the run fails for another reason than device memory.
+bool trains(const CapacityBenchOptions& o, Mode mode, int64_t layers, const std::string& capacity,
+            const bench::Scratch& scratch) {
+  const std::string run_dir = scratch.sub("run");
+  std::filesystem::remove_all(run_dir);
+  std::vector<std::string> command{executable_path(), "train",     "--device", "sim",          "--corpus",
+                                   o.corpus,          "--run-dir", run_dir,    "--ckpt-every", "0"};
+  const std::vector<std::pair<const char*, int64_t>> numbers{
+      {"--steps", o.steps}, {"--batch", o.batch}, {"--seq-len", o.seq_len}, {"--layers", layers},
+      {"--width", o.width}, {"--heads", o.heads}, {"--log-every", o.steps}};
+  for (const auto& [flag, value] : numbers) command.insert(command.end(), {flag, std::to_string(value)});
+  if (mode == Mode::kPlain) {
+    command.insert(command.end(), {"--swap-times", "0", "--recompute-segments", "0"});
+  } else {
+    command.insert(command.end(),
+                   {"--swap-times", std::to_string(o.swap_times), "--recompute-segments", std::to_string(layers),
+                    "--swap-to", mode == Mode::kStowageHost ? "host" : "disk:" + scratch.sub("swap")});
+    std::filesystem::create_directories(scratch.sub("swap"));
+  }
+  const ChildRun run = run_child(command, scratch.sub("train.log"), {{"STOWAGE_SIM_CAPACITY", capacity}});
+  std::filesystem::remove_all(run_dir);
+  if (run.succeeded() && run.output.find(fmt::format("done: steps 1-{} ", o.steps)) != std::string::npos) return true;
+  if (!run.succeeded() && run.output.find("is out of memory") != std::string::npos) return false;
+  const std::string& text = run.output;
+  throw Error(fmt::format("bench capacity: `stowage train --layers {}` ({}) on {} failed, not for device memory: {}",
+                          layers, mode_key(mode), capacity, text.substr(text.size() > 2000 ? text.size() - 2000 : 0)));
+}
+
+// The most blocks that train: doubling from one, then bisection. 0 when one does not.
+int64_t largest_trainable(const CapacityBenchOptions& o, Mode mode, const std::string& capacity,
+                          const bench::Scratch& scratch) {
+  int64_t fits = 0;
+  int64_t fails = 0;
+  for (int64_t layers = 1; layers <= o.max_layers; layers *= 2) {
+    if (!trains(o, mode, layers, capacity, scratch)) {
+      fails = layers;
+      break;
+    }
+    fits = layers;
+  }
+  if (fails == 0) return fits;  // capped by max_layers
+  while (fails - fits > 1) {
+    const int64_t middle = (fits + fails) / 2;
+    (trains(o, mode, middle, capacity, scratch) ? fits : fails) = middle;
+  }
+  return fits;
+}
+
+int64_t parameter_count(const CapacityBenchOptions& o, int64_t layers) {
+  if (layers == 0) return 0;
+  LanguageModelOptions model_options;
+  model_options.layers = layers;
+  model_options.width = o.width;
+  model_options.heads = o.heads;
+  model_options.context = o.seq_len;
+  const LanguageModel model(model_options);
+  int64_t count = 0;
+  for (const auto& p : model->parameters()) count += p.numel();
+  return count;
+}
+
+nlohmann::json run_capacity_bench(const CapacityBenchOptions& o) {
+  const bench::Scratch scratch(o.dir, "capacity");
+  nlohmann::json out{{"steps", o.steps},
+                     {"batch", o.batch},
+                     {"seq_len", o.seq_len},
+                     {"width", o.width},
+                     {"heads", o.heads},
+                     {"swap_times", o.swap_times},
+                     {"max_layers", o.max_layers},
+                     {"device", "sim (simulated accelerator: sizes only, its time is no device's)"},
+                     {"capacities", nlohmann::json::array()}};
+  for (const std::string& capacity : o.capacities) {
+    nlohmann::json row{{"capacity", capacity}};
+    for (const Mode mode : {Mode::kPlain, Mode::kStowageHost, Mode::kStowageDisk}) {
+      const int64_t layers = largest_trainable(o, mode, capacity, scratch);
+      row[std::string(mode_key(mode)) + "_layers"] = layers;
+      row[std::string(mode_key(mode)) + "_parameters"] = parameter_count(o, layers);
+    }
+    const double plain = row["plain_parameters"].get<double>();
+    for (const char* side : {"stowage_host", "stowage_disk"}) {
+      const double ratio = plain > 0 ? row[std::string(side) + "_parameters"].get<double>() / plain : 0;
+      row[std::string(side) + "_over_plain"] = ratio;
+      row[std::string(side) + "_over_plain_met"] = ratio >= 3;
+    }
+    out["capacities"].push_back(row);
+  }
+  return out;
+}
+
+std::string capacity_bench_text(const nlohmann::json& r) {
+  std::string out = fmt::format(
+      "capacity benchmark on the simulated device: the largest `stowage train` model (width {}, {} heads, batch {} x "
+      "{} tokens) that trains {} steps\n",
+      r["width"].get<int64_t>(), r["heads"].get<int64_t>(), r["batch"].get<int64_t>(), r["seq_len"].get<int64_t>(),
+      r["steps"].get<int64_t>());
+  for (const auto& row : r["capacities"]) {
+    out += fmt::format("  {}:\n", row["capacity"].get<std::string>());
+    const auto line = [&row](const char* who, const std::string& key) {
+      return fmt::format("    {:<44} {:4} blocks, {:7.2f}M parameters\n", who, row[key + "_layers"].get<int64_t>(),
+                         row[key + "_parameters"].get<double>() / 1e6);
+    };
+    out += line("plain AdamW, no checkpointing", "plain");
+    out += line("stowage: checkpointing + swap to host", "stowage_host");
+    out += line("stowage: checkpointing + swap to disk", "stowage_disk");
+    for (const char* side : {"stowage_host", "stowage_disk"}) {
+      out += fmt::format("    target {} / plain >= 3: {:.2f} x, {}\n", side,
+                         row[std::string(side) + "_over_plain"].get<double>(),
+                         row[std::string(side) + "_over_plain_met"].get<bool>() ? "met" : "NOT met");
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void add_bench_capacity(CLI::App& bench) {
+  CLI::App* cmd = bench.add_subcommand(
+      "capacity",
+      "On the simulated device (sim), the largest model that trains plainly against the largest with stowage");
+  auto o = std::make_shared<CapacityBenchOptions>();
+  cmd->add_option("--capacity", o->capacities, "the device capacities to search at (e.g. 64MiB)")
+      ->check(byte_size())
+      ->capture_default_str();
+  cmd->add_option("--steps", o->steps, "training steps of each size tried")
+      ->check(positive_integer<int64_t>())
+      ->capture_default_str();
+  cmd->add_option("--batch", o->batch, "sequences per step")->check(positive_integer<int64_t>())->capture_default_str();
+  cmd->add_option("--width", o->width, "model width")->check(positive_integer<int64_t>())->capture_default_str();
+  cmd->add_option("--swap-times", o->swap_times, "stowage's optimizer-state batches")
+      ->check(positive_integer<int64_t>())
+      ->capture_default_str();
+  cmd->add_option("--max-layers", o->max_layers, "the most blocks tried")
+      ->check(positive_integer<int64_t>())
+      ->capture_default_str();
+  cmd->add_option("--corpus", o->corpus, "text file or directory of text files")->capture_default_str();
+  cmd->add_option("--dir", o->dir, "scratch directory (default: the system temp directory)");
+  cmd->add_flag("--json", o->json, "print one JSON object");
+  cmd->callback([o] {
+    if (!build_info().with_sim) {
+      throw InvalidArgument(fmt::format(
+          "bench capacity runs on the simulated device, which needs LibTorch 2.x; this stowage was built against {}",
+          build_info().libtorch_version));
+    }
+    const nlohmann::json result = run_capacity_bench(*o);
+    std::cout << (o->json ? result.dump() + "\n" : capacity_bench_text(result));
+  });
+}
+
+}  // namespace stowage::cli
