@@ -2,6 +2,7 @@
 
 #include <stowage/error.h>
 
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <torch/cuda.h>
@@ -18,7 +19,11 @@
 namespace stowage::bench {
 
 void synchronize(c10::Device device) {
-  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+  if (device.is_cuda()) {
+    torch::cuda::synchronize(device.index());
+  } else if (!device.is_cpu()) {  // another accelerator: its current stream
+    c10::impl::VirtualGuardImpl(device.type()).getStream(device).synchronize();
+  }
 }
 
 double median(std::vector<double> values) {

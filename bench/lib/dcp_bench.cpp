@@ -5,6 +5,7 @@
 
 #include <stowage/dcp/dcp.h>
 #include <stowage/error.h>
+#include <stowage/memory/accounting.h>
 #include <stowage/memory/host_buffer.h>
 
 #include <fmt/format.h>
@@ -515,7 +516,8 @@ DeviceStagingResult run_device_staging_bench(const DcpBenchOptions& options, c10
     std::vector<at::Tensor> buffers;
     buffers.reserve(tensors.size());
     for (const at::Tensor& t : tensors) {
-      buffers.push_back(memory::allocate_host(t.sizes(), t.scalar_type(), {/*pin_memory=*/true, false}));
+      buffers.push_back(memory::allocate_host(t.sizes(), t.scalar_type(),
+                                              {/*pin_memory=*/true, /*share_memory=*/false, device.type()}));
     }
     const auto copy_all = [&] {
       for (size_t i = 0; i < tensors.size(); ++i) buffers[i].copy_(tensors[i]);
@@ -525,7 +527,12 @@ DeviceStagingResult run_device_staging_bench(const DcpBenchOptions& options, c10
     r.copy_limit_gbps = gbps(r.bytes, best_of(3, copy_all));
   }
   dcp::DefaultStager stager;
+  const int64_t host_before = memory::host_buffer_stats().current_bytes;
+  const int64_t device_before = memory::memory_allocated(device);
+  memory::reset_peak_memory_stats(device);
   stager.stage(state);  // allocates the cached buffers
+  r.staging_host_bytes = memory::host_buffer_stats().current_bytes - host_before;
+  r.staging_device_peak_bytes = memory::max_memory_allocated(device) - device_before;
   r.stage_gbps = gbps(r.bytes, best_of(3, [&] { stager.stage(state); }));
   dcp::FileSystemWriter writer(scratch.sub("checkpoint"));
   const auto start = std::chrono::steady_clock::now();
@@ -543,7 +550,9 @@ nlohmann::json to_json(const DeviceStagingResult& r) {
           {"stage_gbps", r.stage_gbps},
           {"stage_over_limit", r.stage_gbps / r.copy_limit_gbps},
           {"async_block_s", r.async_block_s},
-          {"async_complete_s", r.async_complete_s}};
+          {"async_complete_s", r.async_complete_s},
+          {"staging_host_bytes", r.staging_host_bytes},
+          {"staging_device_peak_bytes", r.staging_device_peak_bytes}};
 }
 
 }  // namespace stowage::bench

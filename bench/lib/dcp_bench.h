@@ -98,10 +98,12 @@ std::string to_text(const SmallEntriesBenchResult& result);
 struct DeviceStagingResult {
   std::string device;
   int64_t bytes = 0;
-  double copy_limit_gbps = 0;   // tensor.copy_ into preallocated pinned buffers, one after another
-  double stage_gbps = 0;        // DefaultStager::stage, its buffers cached from an earlier call
-  double async_block_s = 0;     // caller blocked by async_save with that DefaultStager
-  double async_complete_s = 0;  // until that save committed
+  double copy_limit_gbps = 0;             // tensor.copy_ into preallocated pinned buffers, one after another
+  double stage_gbps = 0;                  // DefaultStager::stage, its buffers cached from an earlier call
+  double async_block_s = 0;               // caller blocked by async_save with that DefaultStager
+  double async_complete_s = 0;            // until that save committed
+  int64_t staging_host_bytes = 0;         // the stager's cached host buffers
+  int64_t staging_device_peak_bytes = 0;  // device memory staging took beyond the state's own
 };
 DeviceStagingResult run_device_staging_bench(const DcpBenchOptions& options, c10::Device device);
 nlohmann::json to_json(const DeviceStagingResult& result);
