@@ -11,16 +11,10 @@
 
 namespace stowage::testing {
 
-#if defined(STOWAGE_WITH_SIM)
-// Registered while the test program loads: LibTorch's autograd engine sizes its device
-// queues at the first backward, so a device registered after one cannot run backward.
-inline const bool kSimRegistered = (sim::register_device(), true);
-#endif
-
 // A GPU when the build has CUDA and one is present; else, in a build against LibTorch
 // 2.x, the simulated accelerator sim:0 (stowage/sim/sim.h), so that every device path
 // runs, asynchronously, on every machine; else the CPU, which still runs every algorithm.
-inline c10::Device test_device() {
+inline c10::Device pick_test_device() {
 #if defined(STOWAGE_WITH_CUDA)
   if (torch::cuda::is_available()) return c10::Device(c10::kCUDA, 0);
 #endif
@@ -30,6 +24,14 @@ inline c10::Device test_device() {
 #else
   return c10::Device(c10::kCPU);
 #endif
+}
+
+// Picked while the test program loads: LibTorch's autograd engine sizes its device queues
+// at the first backward, so a device registered after one could not run backward.
+inline const c10::Device kTestDevice = pick_test_device();
+
+inline c10::Device test_device() {
+  return kTestDevice;
 }
 
 }  // namespace stowage::testing

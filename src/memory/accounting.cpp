@@ -160,7 +160,7 @@ c10::DeviceAllocator* device_allocator(c10::Device device) {
 #endif
 
 [[maybe_unused]] c10::DeviceIndex index_of(c10::Device device) {
-  return device.index() < 0 ? 0 : device.index();
+  return device.has_index() ? device.index() : c10::DeviceIndex(0);
 }
 
 [[noreturn]] void unsupported(c10::Device device) {

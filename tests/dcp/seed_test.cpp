@@ -1,5 +1,6 @@
 // Seed 000: the eight DCP staging cases, ported under their original names. They run
-// on the build's device (test_device(): the CPU on a CPU-only build).
+// on the build's device (test_device(): a GPU, else the simulated device sim:0 on
+// LibTorch 2.x, else the CPU).
 
 #include "dcp/test_util.h"
 

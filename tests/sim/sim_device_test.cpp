@@ -36,6 +36,9 @@ namespace sim = stowage::sim;
 using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 
+// Registered while the program loads, before any backward (see register_device).
+const bool kSimRegisteredAtLoad = (sim::register_device(), true);
+
 c10::Device sim1() {
   sim::register_device();
   return sim::device(1);

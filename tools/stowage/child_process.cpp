@@ -30,10 +30,12 @@ ChildRun run_child(const std::vector<std::string>& args, const std::string& log,
   }
   for (const auto& [name, value] : environment) variables.push_back(name + "=" + value);
   std::vector<char*> envp;
+  envp.reserve(variables.size() + 1);
   for (std::string& variable : variables) envp.push_back(variable.data());
   envp.push_back(nullptr);
   std::vector<std::string> strings = args;
   std::vector<char*> argv;
+  argv.reserve(strings.size() + 1);
   for (std::string& arg : strings) argv.push_back(arg.data());
   argv.push_back(nullptr);
 

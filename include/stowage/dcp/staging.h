@@ -95,7 +95,9 @@ struct StagingOptions {
         use_async_staging_(async_staging),
         use_non_blocking_copy_(non_blocking) {}
 
-  // Page-locked staging buffers, where the build can pin (see memory::can_pin_memory).
+  // Page-locked staging buffers for the device the staged tensors live on, where its
+  // runtime can pin (see memory::can_pin_memory; a device other than CUDA cannot pin
+  // shared memory, so use_shared_memory must be off for it).
   TORCH_ARG(bool, use_pinned_memory) = true;
   // Staging buffers another process can map (memfd-backed).
   TORCH_ARG(bool, use_shared_memory) = true;

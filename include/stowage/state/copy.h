@@ -10,8 +10,9 @@
 namespace stowage {
 
 struct CpuStateDictOptions {
-  // Page-locked memory, for fast asynchronous device-to-host copies. Granted only
-  // where the build has a device that can pin (a CPU-only LibTorch cannot): check
+  // Page-locked memory for the device the state's tensors live on, for fast asynchronous
+  // device-to-host copies. Granted only where that device's runtime can pin (a CPU-only
+  // LibTorch cannot; a device other than CUDA cannot pin shared memory): check
   // memory::is_pinned() on the result's tensors. Not getting it is not an error.
   bool pin_memory = false;
   // Memory that another process can map (memfd-backed), for a checkpoint process.
