@@ -57,11 +57,15 @@ c10::Stream reach_current_stream(c10::DeviceIndex device) {
 
 // ------------------------------------------------------------------ memory
 
+void check_device_tensor_options(std::optional<c10::Layout> layout, std::optional<bool> pin_memory) {
+  TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided, "sim: only strided tensors are supported");
+  TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "sim: only CPU tensors can be pinned");
+}
+
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                                std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
-  TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided, "sim: only strided tensors are supported");
-  TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "sim: only CPU tensors can be pinned");
+  check_device_tensor_options(layout, pin_memory);
   const c10::DeviceGuard guard(c10::device_or_default(device));
   return at::detail::empty_generic(size, &DeviceMemory::instance(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                    c10::dtype_or_default(dtype), memory_format);
@@ -70,8 +74,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
                          std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                          std::optional<bool> pin_memory) {
-  TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided, "sim: only strided tensors are supported");
-  TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "sim: only CPU tensors can be pinned");
+  check_device_tensor_options(layout, pin_memory);
   const c10::DeviceGuard guard(c10::device_or_default(device));
   return at::detail::empty_strided_generic(size, stride, &DeviceMemory::instance(),
                                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),

@@ -77,7 +77,10 @@ bool trains(const CapacityBenchOptions& o, Mode mode, int64_t layers, const std:
                     "--swap-to", mode == Mode::kStowageHost ? "host" : "disk:" + scratch.sub("swap")});
     std::filesystem::create_directories(scratch.sub("swap"));
   }
-  const ChildRun run = run_child(command, scratch.sub("train.log"), {{"STOWAGE_SIM_CAPACITY", capacity}});
+  // In bytes: --capacity takes every size the tool's byte_size() reads ("1GB" too), the
+  // simulator's variable only bytes and binary units.
+  const ChildRun run = run_child(command, scratch.sub("train.log"),
+                                 {{"STOWAGE_SIM_CAPACITY", std::to_string(*parse_byte_size(capacity))}});
   std::filesystem::remove_all(run_dir);
   if (run.succeeded() && run.output.find(fmt::format("done: steps 1-{} ", o.steps)) != std::string::npos) return true;
   if (!run.succeeded() && run.output.find("is out of memory") != std::string::npos) return false;
