@@ -63,6 +63,7 @@ double seconds_between(Clock::time_point from, Clock::time_point to) {
 // save, then the writer goes.
 struct CheckpointManager::Pending {
   int64_t step = 0;
+  int64_t previous_saved_step = -1;  // the manager's, to go back to if this save fails
   std::string path;
   Clock::time_point started;
   double blocked_s = 0;
@@ -85,6 +86,10 @@ CheckpointManager::CheckpointManager(std::string directory, CheckpointManagerOpt
                                     {"keep_last", options_.keep_last()},
                                     {"keep_every", options_.keep_every()}}) {
     if (value < 0) throw InvalidArgument(fmt::format("CheckpointManager: {} must be >= 0, got {}", name, value));
+  }
+  if (options_.max_consecutive_failures() < 0) {
+    throw InvalidArgument(fmt::format("CheckpointManager: max_consecutive_failures must be >= 0, got {}",
+                                      options_.max_consecutive_failures()));
   }
   if (options_.env() == nullptr) throw InvalidArgument("CheckpointManager: the option env is null");
   env().create_directories(directory_);
@@ -143,10 +148,25 @@ bool CheckpointManager::save(int64_t step, const StateDict& state, bool force) {
   finish();  // one save in flight at a time
   auto pending = std::make_unique<Pending>();
   pending->step = step;
+  pending->previous_saved_step = last_saved_step_;
   pending->path = checkpoint_path(step);
   pending->writer = std::make_unique<FileSystemWriter>(pending->path, FileSystemWriterOptions().env(options_.env()));
   pending->started = Clock::now();
-  pending->response = async_save(state, *pending->writer, &stager_, options_.save_options(), group_);
+  try {
+    pending->response = async_save(state, *pending->writer, &stager_, options_.save_options(), group_);
+  } catch (const std::exception& error) {
+    // Without a group, async_save throws what fails before the write (a Stateful's
+    // state_dict(), a tensor it cannot save); with one, that reaches every rank's
+    // upload_completion instead. Either way it is a failed save.
+    SaveReport report;
+    report.step = step;
+    report.path = pending->path;
+    report.error = exception_message(error);
+    report.commit_s = seconds_between(pending->started, Clock::now());
+    report.blocked_s = report.commit_s;
+    handle_failure(std::move(report), std::current_exception(), last_saved_step_);
+    return true;
+  }
   pending->blocked_s = seconds_between(pending->started, Clock::now());
   pending->watcher = std::thread([upload = pending->response.upload_completion, &committed = pending->committed] {
     upload.wait();
@@ -170,18 +190,74 @@ void CheckpointManager::finish() {
   wait_for_staging();
   std::unique_ptr<Pending> pending = std::move(pending_);
   pending->watcher.join();
-  const Metadata metadata = pending->response.upload_completion.get();  // rethrows a failed save
   SaveReport report;
   report.step = pending->step;
   report.path = pending->path;
   report.blocked_s = pending->blocked_s;
   report.commit_s = seconds_between(pending->started, pending->committed);
-  for (const EntryMetadata& entry : metadata.entries) {
-    for (const TensorChunk& chunk : entry.chunks) report.bytes += chunk.location.length;
+  std::exception_ptr failure;
+  try {
+    const Metadata metadata = pending->response.upload_completion.get();
+    for (const EntryMetadata& entry : metadata.entries) {
+      for (const TensorChunk& chunk : entry.chunks) report.bytes += chunk.location.length;
+    }
+    report.committed = true;
+  } catch (const std::exception& error) {
+    report.error = exception_message(error);
+    failure = std::current_exception();
   }
-  pending.reset();
-  unreported_.push_back(report);
-  if (!group_ || group_->rank() == 0) prune();
+  const int64_t previous_saved_step = pending->previous_saved_step;
+  pending.reset();  // the save's thread has ended: nothing writes into its directory any more
+  if (failure) {
+    handle_failure(std::move(report), failure, previous_saved_step);
+    return;
+  }
+  failed_in_a_row_.clear();
+  if (!group_ || group_->rank() == 0) {
+    // Reported, never thrown, whatever the policy: the save committed, and rank 0
+    // alone prunes, so a throw here would stop it without the other ranks.
+    try {
+      prune();
+    } catch (const std::exception& error) {
+      report.error = exception_message(error);
+    }
+  }
+  unreported_.push_back(std::move(report));
+}
+
+void CheckpointManager::handle_failure(SaveReport report, const std::exception_ptr& error,
+                                       int64_t previous_saved_step) {
+  last_saved_step_ = previous_saved_step;  // the step may be saved again
+  if (!group_ || group_->rank() == 0) {
+    // A checkpoint that committed is never removed, whatever failed after its commit.
+    try {
+      const std::string metadata = (fs::path(report.path) / kMetadataFileName).string();
+      if (env().file_type(report.path) != FileType::kAbsent && env().file_type(metadata) == FileType::kAbsent) {
+        env().remove_tree(report.path);
+      }
+    } catch (const std::exception& removal) {
+      report.error += fmt::format("; its partial directory could not be removed: {}", exception_message(removal));
+    }
+  }
+  failed_in_a_row_.push_back(report.step);
+  if (options_.on_save_failure() == SaveFailurePolicy::kStop) std::rethrow_exception(error);
+  const auto limit = static_cast<size_t>(options_.max_consecutive_failures());
+  if (limit > 0 && failed_in_a_row_.size() >= limit) {
+    throw Error(fmt::format("CheckpointManager: {} saves failed in a row (steps {}); the last one's error: {}",
+                            failed_in_a_row_.size(), fmt::join(failed_in_a_row_, ", "), report.error));
+  }
+  unreported_.push_back(std::move(report));
+}
+
+std::vector<SaveReport> CheckpointManager::save_now(int64_t step, const StateDict& state) {
+  finish();
+  // Once the save in flight has ended, the last step saved is one that committed (or
+  // was restored): a failed save hands its step back.
+  if (last_saved_step_ != step) {
+    save(step, state, /*force=*/true);
+    finish();
+  }
+  return std::exchange(unreported_, {});
 }
 
 std::vector<SaveReport> CheckpointManager::poll() {

@@ -40,9 +40,19 @@
 // (job) per directory: on construction, uncommitted directories are removed, since no
 // save of a previous process can still be in flight.
 //
-// Failures: a failed save is rethrown by the next save(), wait() or poll() (the
-// CheckpointError of dcp::async_save), once, and leaves the previous checkpoints as
-// they were. restore() falls back to older committed checkpoints past unreadable ones.
+// Failures: a failed save (ENOSPC, EIO, EACCES, a rank's failure, a Stateful that
+// throws) leaves the committed checkpoints as they were and its partial directory is
+// removed. By default (SaveFailurePolicy::kContinue) it is reported, as a SaveReport
+// with its error, by the poll() or wait() that finds it, and the next due save tries
+// again; the max_consecutive_failures-th failure in a row is thrown instead. With
+// kStop every failure is thrown, once, by the next save(), poll() or wait() (the
+// CheckpointError of dcp::async_save). With a group every rank sees the same outcome
+// of each save (async_save's collectives), so every rank reaches the same verdict.
+// restore() falls back to older committed checkpoints past unreadable ones.
+//
+// Preemption: on notice (dist::PreemptionNotice, agreed by every rank at a step
+// boundary) the loop calls save_now(step, state), which commits the current step before
+// it returns, and exits.
 
 #include <stowage/dcp/checkpoint.h>
 #include <stowage/dcp/env.h>
@@ -55,12 +65,19 @@
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace stowage::dcp {
+
+// What a failed save does (see the failures above).
+enum class SaveFailurePolicy {
+  kContinue,  // reported by poll()/wait(); training goes on, the next due save tries again
+  kStop,      // thrown by the next save(), poll() or wait()
+};
 
 struct CheckpointManagerOptions {
   // save() saves at the steps that are multiples of this (and when forced); 0: only forced.
@@ -78,6 +95,10 @@ struct CheckpointManagerOptions {
   // restore() loads the next older committed checkpoint when one cannot be read
   // (corrupt, truncated, unreadable); false: it throws that checkpoint's error.
   TORCH_ARG(bool, restore_falls_back) = true;
+  TORCH_ARG(SaveFailurePolicy, on_save_failure) = SaveFailurePolicy::kContinue;
+  // With kContinue: the failure that makes this many in a row is thrown rather than
+  // reported; 0: none is.
+  TORCH_ARG(int64_t, max_consecutive_failures) = 3;
 };
 
 // A checkpoint of the directory.
@@ -87,13 +108,18 @@ struct ManagedCheckpoint {
   bool committed = false;
 };
 
-// A save that committed.
+// A save that ended: committed, or failed and removed.
 struct SaveReport {
   int64_t step = 0;
   std::string path;
-  int64_t bytes = 0;     // of the chunks written, by every rank
+  bool committed = false;
+  // Failed: why (its partial directory is gone, unless this says it could not be
+  // removed). Committed: a removal of older checkpoints that failed, if one did, on
+  // rank 0 (they stay; the next commit tries again). Empty: nothing went wrong.
+  std::string error;
+  int64_t bytes = 0;     // of the chunks written, by every rank; 0 if it failed
   double blocked_s = 0;  // the caller was blocked: in save() and wait_for_staging()
-  double commit_s = 0;   // from save() until it committed
+  double commit_s = 0;   // from save() until it committed or failed
 };
 
 // A committed checkpoint that restore() skipped because it could not be read.
@@ -130,15 +156,21 @@ class CheckpointManager {
 
   bool should_save(int64_t step) const;
   // Starts an async save of `state` as `step` if should_save(step) or `force`, and
-  // returns whether it did. It waits for the save before it to commit first (rethrowing
-  // its failure); that one's report then comes from the next poll() or wait(). Throws
-  // InvalidArgument for a step at or below the last one saved or restored.
+  // returns whether it did (a save that failed at once is reported as any failed save). It waits for the save before it
+  // to end first (throwing its failure as the policy says); that one's report then comes from the next poll() or
+  // wait(). Throws InvalidArgument for a step at or below the last one saved (in flight
+  // or committed) or restored.
   bool save(int64_t step, const StateDict& state, bool force = false);
+  // Saves `step` and waits for it to end: what a preempted loop does before it exits.
+  // The save in flight ends first; if it was of `step` and committed, nothing more is
+  // saved. Returns the reports not yet returned, this step's last (its failure is
+  // thrown instead as the policy says).
+  std::vector<SaveReport> save_now(int64_t step, const StateDict& state);
   // Waits until the save in flight has its snapshot, so that the state may change.
   void wait_for_staging();
-  // The saves that have committed by now and were not reported yet, oldest first (the
-  // directory is pruned after each commit); rethrows the failure of the save in flight
-  // if it failed.
+  // The saves that have ended by now and were not reported yet, oldest first (the
+  // directory is pruned after each commit); a failure the policy throws is thrown
+  // instead.
   std::vector<SaveReport> poll();
   // The same, after waiting for the save in flight to end.
   std::vector<SaveReport> wait();
@@ -155,8 +187,11 @@ class CheckpointManager {
 
  private:
   struct Pending;
-  // Waits for the save in flight to commit, prunes, and queues its report.
+  // Waits for the save in flight to end, prunes after a commit, and queues its report
+  // (or throws its failure, as the policy says).
   void finish();
+  // A failed save: removes its partial directory (rank 0), then reports or throws it.
+  void handle_failure(SaveReport report, const std::exception_ptr& error, int64_t previous_saved_step);
   void prune() const;
   Env& env() const { return *options_.env(); }
 
@@ -167,6 +202,7 @@ class CheckpointManager {
   std::unique_ptr<Pending> pending_;
   std::vector<SaveReport> unreported_;
   int64_t last_saved_step_ = -1;
+  std::vector<int64_t> failed_in_a_row_;  // the steps of the failures since the last commit
 };
 
 }  // namespace stowage::dcp
