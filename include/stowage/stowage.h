@@ -8,6 +8,7 @@
 #include <stowage/build_info.h>
 #include <stowage/dcp/dcp.h>
 #include <stowage/dist/gradient_reducer.h>
+#include <stowage/dist/preemption.h>
 #include <stowage/dist/process_group.h>
 #include <stowage/error.h>
 #include <stowage/memory/accounting.h>
