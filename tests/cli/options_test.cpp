@@ -8,6 +8,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -59,6 +61,7 @@ const std::vector<NumericOption> kIntegerOptions = {
     {"launch", "--nproc", 1, 1024, " -- true"},
     {"launch", "--master-port", 0, 65535, " -- true"},
     {"launch", "--grace", 0, 0, " -- true"},
+    {"train", "--max-save-failures", 0, 0, ""},
 };
 
 CommandResult run_with(const NumericOption& o, const std::string& value) {
@@ -150,6 +153,33 @@ TEST(Options, ShardSizesReadAsHuggingFaceWritesThem) {
   }
   const NumericOption shard{"ckpt export", "--max-shard-size", 0, 0, " some-dir --out x.safetensors"};
   expect_refused(run_with(shard, "5XB"), "5XB is not a positive size such as 5GB, 512MiB or 4096");
+}
+
+TEST(Options, GracePeriodsReadAsSchedulersWriteThem) {
+  using std::chrono::milliseconds;
+  using stowage::cli::parse_duration;
+  EXPECT_EQ(parse_duration("30s"), milliseconds(30'000));
+  EXPECT_EQ(parse_duration("30"), milliseconds(30'000));
+  EXPECT_EQ(parse_duration("500ms"), milliseconds(500));
+  EXPECT_EQ(parse_duration("2m"), milliseconds(120'000));
+  EXPECT_EQ(parse_duration("0s"), milliseconds(0));
+  for (const char* bad : {"", "s", "-1s", "1.5s", "30 s", "30x", "9223372036854775807h"}) {
+    EXPECT_EQ(parse_duration(bad), std::nullopt) << bad;
+  }
+  const NumericOption grace{"train", "--preempt-grace", 0, 0, ""};
+  expect_refused(run_with(grace, "soon"), "soon is not a duration such as 30s, 500ms or 2m");
+}
+
+TEST(Options, SignalsReadByNameOrNumber) {
+  using stowage::cli::parse_signal;
+  EXPECT_EQ(parse_signal("TERM"), SIGTERM);
+  EXPECT_EQ(parse_signal("SIGUSR1"), SIGUSR1);
+  EXPECT_EQ(parse_signal("usr2"), SIGUSR2);
+  EXPECT_EQ(parse_signal(std::to_string(SIGTERM)), SIGTERM);
+  for (const char* bad : {"", "KILL", "9", "SIGSTOP", "TERMX", "15x"})
+    EXPECT_EQ(parse_signal(bad), std::nullopt) << bad;
+  const NumericOption signal{"train", "--preempt-signal", 0, 0, ""};
+  expect_refused(run_with(signal, "KILL"), "KILL is not a signal a scheduler sends");
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <fstream>
 #include <future>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -132,6 +133,64 @@ TEST(Torchrun, AnElasticRestartAfterAKilledRankResumesAndEndsBitIdentical) {
   EXPECT_NE(result.output.find("resume: from"), std::string::npos) << result.output;
   ASSERT_EQ(train(straight, fmt::format("--nproc 2 --steps {} --ckpt-every {} --keep 10", kSteps, kEvery)).status, 0);
   expect_same_checkpoint(step_dir(interrupted, kSteps), step_dir(straight, kSteps));
+}
+
+// The pid of the torchrun agent whose command line names `run_dir`, or -1.
+pid_t torchrun_agent(const std::string& run_dir) {
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream file(entry.path() / "cmdline", std::ios::binary);
+    const std::string cmdline((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+    if (cmdline.find("torchrun") != std::string::npos && cmdline.find(run_dir) != std::string::npos &&
+        cmdline.rfind("sh", 0) != 0) {
+      return static_cast<pid_t>(std::stoi(name));
+    }
+  }
+  return -1;
+}
+
+// What Kubernetes and Slurm do to a torchrun job: SIGTERM to the agent, which passes it
+// to its workers. They save the step they are on, together, and a resumed run ends
+// bit-identical to an uninterrupted one.
+TEST(Torchrun, SigtermToTheAgentSavesTheStepAndResumeEndsBitIdentical) {
+  SKIP_WITHOUT_TORCHRUN();
+  RunDir preempted, straight;
+  constexpr int kSteps = 30;
+  const std::string args = fmt::format("--steps {} --ckpt-every 10 --resume", kSteps);
+  auto job = std::async(std::launch::async, [&] {
+    return run_command(
+        train_under_torchrun(fmt::format("--nproc-per-node 2 --master-port {}", free_port()), preempted, args));
+  });
+  const auto logged_step = [&] {
+    std::ifstream file(preempted.path / "metrics.jsonl");
+    int64_t step = 0;
+    for (std::string line; std::getline(file, line);) {
+      const json record = json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (record.is_object() && record.value("event", "") == "step") step = record["step"].get<int64_t>();
+    }
+    return step;
+  };
+  bool signalled = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+  while (!signalled && job.wait_for(std::chrono::milliseconds(5)) == std::future_status::timeout &&
+         std::chrono::steady_clock::now() < deadline) {
+    if (logged_step() < 3) continue;
+    const pid_t agent = torchrun_agent(preempted.str());
+    signalled = agent > 0 && kill(agent, SIGTERM) == 0;
+  }
+  const auto result = job.get();
+  ASSERT_TRUE(signalled) << "the run ended before torchrun could be signalled\n" << result.output;
+  static const std::regex saved(R"(preempted by SIGTERM at step (\d+): step \1 committed)");
+  std::smatch match;
+  ASSERT_TRUE(std::regex_search(result.output, match, saved)) << result.output;
+  const int step = std::stoi(match[1]);
+  ASSERT_LT(step, kSteps) << result.output;
+  const auto resumed = train(preempted, "--nproc 2 " + args);
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find(fmt::format("(step {})", step)), std::string::npos) << resumed.output;
+  ASSERT_EQ(train(straight, fmt::format("--nproc 2 --steps {} --ckpt-every 10", kSteps)).status, 0);
+  expect_same_checkpoint(step_dir(preempted, kSteps), step_dir(straight, kSteps));
 }
 
 }  // namespace

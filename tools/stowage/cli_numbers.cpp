@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <csignal>
 #include <cmath>
 #include <cstdlib>
 #include <utility>
@@ -97,6 +98,66 @@ CLI::Validator byte_size() {
                                       : fmt::format("{} is not a positive size such as 5GB, 512MiB or 4096", input);
       },
       "SIZE");
+}
+
+std::optional<std::chrono::milliseconds> parse_duration(const std::string& input) {
+  static const std::pair<const char*, int64_t> kUnits[] = {{"ms", 1}, {"s", 1'000}, {"m", 60'000}, {"h", 3'600'000}};
+  const auto digits_end = std::find_if(input.begin(), input.end(), [](unsigned char c) { return !std::isdigit(c); });
+  const std::string unit(digits_end, input.end());
+  int64_t multiplier = unit.empty() ? 1'000 : 0;
+  for (const auto& [name, milliseconds] : kUnits) {
+    if (unit == name) multiplier = milliseconds;
+  }
+  int64_t count = 0;
+  const char* first = input.data();
+  const char* last = input.data() + (digits_end - input.begin());
+  const auto parsed = std::from_chars(first, last, count);
+  if (multiplier == 0 || first == last || parsed.ec != std::errc() ||
+      count > std::numeric_limits<int64_t>::max() / multiplier) {
+    return std::nullopt;
+  }
+  return std::chrono::milliseconds(count * multiplier);
+}
+
+CLI::Validator duration() {
+  return CLI::Validator(
+      [](std::string& input) {
+        return parse_duration(input) ? std::string()
+                                     : fmt::format("{} is not a duration such as 30s, 500ms or 2m", input);
+      },
+      "DURATION");
+}
+
+std::optional<int> parse_signal(const std::string& input) {
+  static const std::pair<const char*, int> kSignals[] = {{"TERM", SIGTERM}, {"INT", SIGINT},   {"HUP", SIGHUP},
+                                                         {"USR1", SIGUSR1}, {"USR2", SIGUSR2}, {"QUIT", SIGQUIT},
+                                                         {"XCPU", SIGXCPU}};
+  std::string name = input;
+  for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (name.rfind("SIG", 0) == 0) name = name.substr(3);
+  for (const auto& [known, number] : kSignals) {
+    if (name == known) return number;
+  }
+  int number = 0;
+  const auto parsed = std::from_chars(name.data(), name.data() + name.size(), number);
+  if (parsed.ec == std::errc() && parsed.ptr == name.data() + name.size()) {
+    for (const auto& [known, known_number] : kSignals) {
+      if (number == known_number) return number;
+    }
+  }
+  return std::nullopt;
+}
+
+CLI::Validator signal_name() {
+  return CLI::Validator(
+      [](std::string& input) {
+        return parse_signal(input) ? std::string()
+                                   : fmt::format(
+                                         "{} is not a signal a scheduler sends: TERM, INT, HUP, USR1, USR2, "
+                                         "QUIT or XCPU",
+                                         input);
+      },
+      "SIGNAL");
 }
 
 }  // namespace stowage::cli

@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -60,5 +61,18 @@ CLI::Validator positive_number();
 std::optional<int64_t> parse_byte_size(const std::string& input);
 // Accepts what parse_byte_size parses.
 CLI::Validator byte_size();
+
+// A duration of whole units, as Slurm and Kubernetes users write grace periods: "30s",
+// "500ms", "2m", or a plain count of seconds ("30"); nullopt for anything else or past
+// what milliseconds hold. Zero is a duration ("0s": none).
+std::optional<std::chrono::milliseconds> parse_duration(const std::string& input);
+// Accepts what parse_duration parses.
+CLI::Validator duration();
+
+// A signal by its name, with or without "SIG" (TERM, SIGUSR1, usr2), or its number;
+// nullopt for an unknown one.
+std::optional<int> parse_signal(const std::string& input);
+// Accepts what parse_signal parses.
+CLI::Validator signal_name();
 
 }  // namespace stowage::cli

@@ -3,7 +3,9 @@
 // MASTER_ADDR, MASTER_PORT), so multi-process jobs run without Python.
 //
 // Like torchrun, the first rank to fail brings the others down: they get SIGTERM, then
-// SIGKILL after a grace period, and launch exits with the failed rank's status.
+// SIGKILL after a grace period, and launch exits with the failed rank's status. And like
+// torchrun, a signal a scheduler sends to launch (TERM, INT, HUP, USR1, USR2) goes on to
+// every rank, which decide what to do with it (`stowage train` saves and exits).
 #include "cli_numbers.h"
 #include "commands.h"
 
@@ -17,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -43,6 +46,22 @@ int free_port() {
   return ntohs(addr.sin_port);
 }
 
+// The signals launch passes on to its ranks, and the last one it got, for its loop to pass on.
+constexpr int kForwardedSignals[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2};
+std::atomic<int> g_signal_to_forward{0};
+
+extern "C" void remember_signal(int signal) {
+  g_signal_to_forward = signal;
+}
+
+void forward_signals_to_ranks() {
+  struct sigaction action {};
+  action.sa_handler = remember_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  for (const int signal : kForwardedSignals) sigaction(signal, &action, nullptr);
+}
+
 int exit_status(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
@@ -61,6 +80,7 @@ std::string executable_path() {
 int launch_ranks(int nproc, int port, std::chrono::seconds grace, const std::vector<std::string>& command) {
   if (command.empty()) throw InvalidArgument("launch: no command given after --");
   if (port == 0) port = free_port();
+  forward_signals_to_ranks();
   std::vector<pid_t> children;
   for (int rank = 0; rank < nproc; ++rank) {
     const pid_t pid = fork();
@@ -87,8 +107,14 @@ int launch_ranks(int nproc, int port, std::chrono::seconds grace, const std::vec
   bool stopping = false;
   std::chrono::steady_clock::time_point kill_at;
   while (running > 0) {
+    if (const int signal = g_signal_to_forward.exchange(0); signal != 0) {
+      for (const pid_t child : children) {
+        if (child > 0) kill(child, signal);
+      }
+    }
     int status = 0;
-    const pid_t pid = waitpid(-1, &status, stopping ? WNOHANG : 0);
+    // Polled, so that a signal to pass on is never left waiting for a rank to exit.
+    const pid_t pid = waitpid(-1, &status, WNOHANG);
     if (pid > 0) {
       --running;
       const int code = exit_status(status);
@@ -105,13 +131,13 @@ int launch_ranks(int nproc, int port, std::chrono::seconds grace, const std::vec
           }
         }
       }
-    } else if (stopping) {
-      if (std::chrono::steady_clock::now() >= kill_at) {
+    } else {
+      if (stopping && std::chrono::steady_clock::now() >= kill_at) {
         for (const pid_t other : children) {
           if (other > 0) kill(other, SIGKILL);
         }
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
   return result;

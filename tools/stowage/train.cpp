@@ -5,6 +5,12 @@
 // With --nproc N (or under torchrun) it trains data-parallel on N ranks with the
 // optimizer state sharded over them (optim::ZeroRedundancyOptimizer) and the gradients
 // averaged during backward (dist::GradientReducer).
+//
+// A failed checkpoint does not end the run (--on-save-failure), and SIGTERM (or
+// --preempt-signal) makes it save the step it is on and exit. Exit statuses: 0 trained
+// to --steps with the last checkpoint committed; 1 an error, or the last checkpoint
+// failed; kPreemptedStatus preempted, with the step it ended on committed; 128 + N
+// killed by signal N: a second notice signal, or the --preempt-grace deadline.
 #include "cli_numbers.h"
 #include "commands.h"
 #include "train_data.h"
@@ -55,8 +61,37 @@ struct TrainOptions {
   std::string resume_from;  // another checkpoint to start from (stowage's or PyTorch DCP's)
   int64_t log_every = 25;
   int nproc = 1;
-  std::string device = "cpu";  // "cuda": each rank's cuda:LOCAL_RANK
+  std::string device = "cpu";                // "cuda": each rank's cuda:LOCAL_RANK
+  std::string on_save_failure = "continue";  // or "stop"
+  int64_t max_save_failures = 3;             // in a row, with "continue"; 0: no limit
+  std::vector<std::string> preempt_signals{"TERM"};
+  std::string preempt_grace = "0s";  // 0: no deadline
 };
+
+// EX_TEMPFAIL: the job is not done and may be retried, which is what a scheduler that
+// requeues preempted jobs (Kubernetes' restart policy, torchelastic) needs to see.
+constexpr int kPreemptedStatus = 75;
+
+dcp::CheckpointManagerOptions checkpoint_options(const TrainOptions& options) {
+  return dcp::CheckpointManagerOptions()
+      .save_every(options.ckpt_every)
+      .keep_last(options.keep)
+      .on_save_failure(options.on_save_failure == "stop" ? dcp::SaveFailurePolicy::kStop
+                                                         : dcp::SaveFailurePolicy::kContinue)
+      .max_consecutive_failures(options.max_save_failures);
+}
+
+dist::PreemptionOptions preemption_options(const TrainOptions& options) {
+  std::vector<int> signals;
+  for (const std::string& name : options.preempt_signals) signals.push_back(*parse_signal(name));  // validated
+  return dist::PreemptionOptions().signals(signals).grace(*parse_duration(options.preempt_grace));
+}
+
+// "SIGTERM".
+std::string signal_name_of(int signal) {
+  const char* abbreviation = sigabbrev_np(signal);
+  return abbreviation != nullptr ? fmt::format("SIG{}", abbreviation) : fmt::format("signal {}", signal);
+}
 
 // The swap optimizer's options from --swap-times, --swap-to and --swap-host-budget.
 optim::SwapOptimizerConfig swap_config(const TrainOptions& options) {
@@ -150,6 +185,8 @@ class Trainer {
       : options_(std::move(options)), world_(join_world(options_)), device_(rank_device(options_.device)) {}
 
   void run() {
+    // From the start: a notice during --resume's load is kept for the first step boundary.
+    dist::PreemptionNotice notice(preemption_options(options_));
     torch::set_num_threads(options_.threads);
     memory::enable_accounting();
     // The options are checked (the corpus read, the model built) before anything is
@@ -166,14 +203,14 @@ class Trainer {
       progress_->message(describe(corpus));
     }
     // One training run per run directory: the manager removes what uncommitted saves left.
-    checkpoints_.emplace(checkpoints_dir(options_.run_dir),
-                         dcp::CheckpointManagerOptions().save_every(options_.ckpt_every).keep_last(options_.keep),
-                         world_.group);
+    checkpoints_.emplace(checkpoints_dir(options_.run_dir), checkpoint_options(options_), world_.group);
     if (options_.resume) resume();
     if (!options_.resume_from.empty()) resume_from(options_.resume_from);
+    if (notice.agreed(world_.group)) preempt(notice, /*trained=*/false);
 
     double first_loss = -1, last_loss = 0;
     const auto run_start = Clock::now();
+    last_step_end_ = run_start;
     const int64_t first_step = step_ + 1;
     for (int64_t step = first_step; step <= options_.steps; ++step) {
       last_loss = train_step(corpus, step);
@@ -181,22 +218,55 @@ class Trainer {
       // The last step is saved too, so that a resumed run continues from where this one ended.
       const bool last_step = options_.ckpt_every > 0 && step == options_.steps;
       if (checkpoints_->should_save(step) || last_step) checkpoints_->save(step, live_state(), /*force=*/last_step);
+      if (notice.agreed(world_.group)) preempt(notice, /*trained=*/true);
     }
     report_checkpoints(checkpoints_->wait());
-    if (!progress_) return;
-    if (first_step <= options_.steps) {
+    if (progress_ && first_step <= options_.steps) {
       progress_->message(
           fmt::format("done: steps {}-{} in {:.3f} s, loss {:.3f} -> {:.3f}, peak activations {}, "
                       "optimizer state resident between steps {}",
                       first_step, options_.steps, seconds_since(run_start), first_loss, last_loss,
                       format_bytes(peak_activation_bytes_), format_bytes(resident_bytes_)));
-    } else {
+    } else if (progress_) {
       progress_->message(fmt::format("nothing to do: the run is already at step {}", step_));
     }
     progress_ = nullptr;
+    if (last_save_error_) {
+      throw Error(
+          fmt::format("the last checkpoint (step {}) failed: {}", last_save_error_->first, last_save_error_->second));
+    }
   }
 
  private:
+  // Ends a preempted run: saves the step it is on (unless --ckpt-every 0, or no step
+  // was trained since the checkpoint it resumed from), then exits with kPreemptedStatus.
+  // Every rank gets here at the same step (PreemptionNotice::agreed).
+  [[noreturn]] void preempt(dist::PreemptionNotice& notice, bool trained) {
+    const std::string signal = signal_name_of(notice.signal_number());
+    const auto start = Clock::now();
+    std::string saved = "nothing to save: no step was trained";
+    if (trained && options_.ckpt_every == 0) {
+      saved = "no checkpoint: --ckpt-every 0";
+    } else if (trained) {
+      if (progress_) progress_->message(fmt::format("{}: saving step {} before exiting", signal, step_));
+      report_checkpoints(checkpoints_->save_now(step_, live_state()));
+      if (last_save_error_) {
+        throw Error(fmt::format("{}: the checkpoint of step {} failed, the run ends without it: {}", signal, step_,
+                                last_save_error_->second));
+      }
+      saved = fmt::format("step {} committed in {:.3f} s", step_, seconds_since(start));
+    }
+    notice.disarm();  // the job ends on its own terms now: a signal still to come is ignored
+    // No rank exits before every rank is past the commit: a launcher stops the others
+    // when the first one exits.
+    if (world_.group) world_.group->barrier();
+    if (progress_) {
+      progress_->message(fmt::format("preempted by {} at step {}: {}; exiting with status {} (--resume continues)",
+                                     signal, step_, saved, kPreemptedStatus));
+    }
+    throw CLI::RuntimeError(kPreemptedStatus);
+  }
+
   void build() {
     torch::manual_seed(options_.seed);
     LanguageModelOptions model_options;
@@ -262,7 +332,6 @@ class Trainer {
   }
 
   double train_step(const Corpus& corpus, int64_t step) {
-    const auto start = Clock::now();
     auto [inputs, targets] = corpus.sample(options_.batch, options_.seq_len, data_generator_);
     if (world_.size > 1) {
       const int64_t slice = options_.batch / world_.size;
@@ -294,7 +363,10 @@ class Trainer {
     checkpoints_->wait_for_staging();
     optimizer_->step();
     step_ = step;
-    const double step_s = seconds_since(start);
+    // From the end of the step before: what the save after that step blocked counts.
+    const auto end = Clock::now();
+    const double step_s = std::chrono::duration<double>(end - last_step_end_).count();
+    last_step_end_ = end;
     resident_bytes_ = memory::memory_allocated(device_) - baseline_bytes_ - tensor_bytes(grads());
     peak_activation_bytes_ = std::max(peak_activation_bytes_, activation_peak);
     report_checkpoints(checkpoints_->poll());
@@ -336,10 +408,15 @@ class Trainer {
   }
 
   void report_checkpoints(const std::vector<dcp::SaveReport>& saves) {
-    if (!progress_) return;  // rank 0 reports for the run
     for (const dcp::SaveReport& save : saves) {
+      // Every rank sees the same outcome of each save: every rank ends with the same status.
+      last_save_error_.reset();
+      if (!save.committed) last_save_error_.emplace(save.step, save.error);
+      if (!progress_) continue;  // rank 0 reports for the run
       CheckpointReport report;
       report.step = save.step;
+      report.committed = save.committed;
+      report.error = save.error;
       report.path = save.path;
       report.bytes = save.bytes;
       report.staged_ms = save.blocked_s * 1e3;
@@ -426,6 +503,8 @@ class Trainer {
   int64_t resident_bytes_ = 0;
   int64_t peak_activation_bytes_ = 0;
   std::optional<dcp::CheckpointManager> checkpoints_;
+  std::optional<std::pair<int64_t, std::string>> last_save_error_;  // the last save's step and error, if it failed
+  Clock::time_point last_step_end_;
   Progress* progress_ = nullptr;
 };
 
@@ -501,6 +580,25 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--device", options->device,
                   "where the model trains: cpu, cuda:N, or cuda (each rank on cuda:LOCAL_RANK)")
+      ->capture_default_str();
+  cmd->add_option("--on-save-failure", options->on_save_failure,
+                  "a failed checkpoint: continue (reported on stderr and in metrics.jsonl; the run exits 1 at the "
+                  "end if its last checkpoint failed) or stop")
+      ->check(CLI::IsMember({"continue", "stop"}))
+      ->capture_default_str();
+  cmd->add_option("--max-save-failures", options->max_save_failures,
+                  "with --on-save-failure continue: this many failed checkpoints in a row stop the run (0: never)")
+      ->check(non_negative_integer<int64_t>())
+      ->capture_default_str();
+  cmd->add_option("--preempt-signal", options->preempt_signals,
+                  "signals that preempt the run: it finishes the step, saves it and exits with status 75; a "
+                  "second one exits at once (repeat the flag for several: TERM, USR1, ...)")
+      ->check(signal_name())
+      ->capture_default_str();
+  cmd->add_option("--preempt-grace", options->preempt_grace,
+                  "after a preempting signal, exit this long later even if the checkpoint is not committed "
+                  "(e.g. 30s; 0: no deadline)")
+      ->check(duration())
       ->capture_default_str();
   cmd->callback([options] {
     if (options->nproc > 1 && std::getenv("WORLD_SIZE") == nullptr) {

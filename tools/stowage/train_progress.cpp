@@ -117,6 +117,15 @@ void Progress::step(const StepReport& r) {
 }
 
 void Progress::checkpoint(const CheckpointReport& r) {
+  if (!r.committed) {
+    metrics_
+        << nlohmann::json{{"event", "checkpoint_failed"}, {"step", r.step}, {"path", r.path}, {"error", r.error}}.dump()
+        << '\n';
+    metrics_.flush();
+    warning(fmt::format("checkpoint step {} failed, training goes on: {}", r.step, r.error));
+    return;
+  }
+  if (!r.error.empty()) warning(fmt::format("checkpoint step {} committed, but {}", r.step, r.error));
   metrics_ << nlohmann::json{{"event", "checkpoint"},    {"step", r.step},
                              {"staged_ms", r.staged_ms}, {"committed_gbps", r.committed_gbps},
                              {"bytes", r.bytes},         {"path", r.path}}
@@ -142,6 +151,14 @@ void Progress::message(const std::string& text) {
     fmt::print("{}\n", text);
   }
   std::fflush(stdout);
+}
+
+void Progress::warning(const std::string& text) {
+  if (interactive_ && last_step_) fmt::print("\r\033[2K");
+  std::fflush(stdout);
+  fmt::print(stderr, "{}\n", text);
+  std::fflush(stderr);
+  if (interactive_) draw();
 }
 
 void Progress::draw() {

@@ -24,6 +24,9 @@ struct StepReport {
 
 struct CheckpointReport {
   int64_t step = 0;
+  bool committed = true;
+  // Failed: why. Committed: older checkpoints that could not be removed, if any.
+  std::string error;
   double staged_ms = 0;       // caller blocked by async_save
   double committed_gbps = 0;  // bytes / time from the start of the save to its commit
   int64_t bytes = 0;
@@ -56,9 +59,13 @@ class Progress {
   ~Progress();
 
   void step(const StepReport& report);
+  // A committed checkpoint, or a failed one (an event of its own in the metrics, and a
+  // line on stderr).
   void checkpoint(const CheckpointReport& report);
   // Any other line (resume notices, the summary): printed above the bar.
   void message(const std::string& text);
+  // A line on stderr, above the bar.
+  void warning(const std::string& text);
 
  private:
   void draw();

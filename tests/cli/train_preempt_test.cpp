@@ -1,0 +1,301 @@
+// `stowage train` outlives its failures (issue 24), as a real process: SIGTERM saves the
+// step the run is on and exits with status 75, with one rank or two (only one of them
+// signalled), and --resume then ends bit-identical to an uninterrupted run; a second
+// SIGTERM exits at once without corrupting anything; a full file system costs the
+// saves, not the run; a read-only one is a clear error. Every committed checkpoint left
+// behind verifies.
+
+#include "cli/train_util.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <regex>
+#include <thread>
+#include <vector>
+
+namespace stowage::testing {
+namespace {
+
+constexpr int kPreemptedStatus = 75;
+
+// A `stowage train` run in the background, its output in a file of its run directory's
+// sibling.
+class BackgroundTrain {
+ public:
+  BackgroundTrain(const RunDir& dir, const std::string& args) : log_(dir.str() + ".log") {
+    pid_ = fork();
+    if (pid_ == 0) {
+      setpgid(0, 0);  // its own process group, with the ranks it starts: killed together on a hang
+      const std::string command =
+          fmt::format("exec {} train --run-dir {}{} {} > {} 2>&1", stowage_binary(), dir.str(), kSmall, args, log_);
+      execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+  }
+  ~BackgroundTrain() {
+    if (status_ < 0) finish();
+    std::filesystem::remove(log_);
+  }
+
+  pid_t pid() const { return pid_; }
+  std::string output() const {
+    std::ifstream file(log_);
+    return std::string((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  }
+  // Waits until `ready()` (true) or the run ends or two minutes pass (false).
+  bool wait_until(const std::function<bool()>& ready) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (ready()) return true;
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return false;
+  }
+  // The exit status, or 128 + signal; a run still going two minutes from now is a hang:
+  // it is killed, with every process it started, and reported so.
+  int finish() {
+    if (status_ >= 0) return status_;
+    if (!wait_until([] { return false; })) {
+      if (status_ >= 0) return status_;
+      kill(-pid_, SIGKILL);
+      ADD_FAILURE() << "the run hung; its output:\n" << output();
+    }
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return status_;
+  }
+
+ private:
+  std::string log_;
+  pid_t pid_ = -1;
+  int status_ = -1;
+};
+
+// The highest step metrics.jsonl has logged.
+int64_t logged_step(const RunDir& dir) {
+  std::ifstream file(dir.path / "metrics.jsonl");
+  int64_t step = 0;
+  for (std::string line; std::getline(file, line);) {
+    const json record = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (record.is_object() && record.value("event", "") == "step") step = record["step"].get<int64_t>();
+  }
+  return step;
+}
+
+// The step of "preempted by SIGTERM at step N: step N committed", or -1.
+int preempted_step(const std::string& output) {
+  static const std::regex preempted(R"(preempted by SIGTERM at step (\d+): step \1 committed)");
+  std::smatch match;
+  return std::regex_search(output, match, preempted) ? std::stoi(match[1]) : -1;
+}
+
+void expect_every_committed_checkpoint_verifies(const RunDir& dir) {
+  for (const auto& row : run_json("ckpt ls --json " + dir.str())) {
+    if (!row["committed"].get<bool>()) continue;
+    EXPECT_TRUE(run_json("ckpt verify --json " + row["path"].get<std::string>())["ok"].get<bool>()) << row.dump();
+  }
+}
+
+// The pid of `rank` of a --nproc run in `dir`: a stowage process whose environment says RANK.
+pid_t rank_pid(const RunDir& dir, int rank) {
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream cmdline_file(entry.path() / "cmdline", std::ios::binary);
+    const std::string cmdline((std::istreambuf_iterator<char>(cmdline_file)), std::istreambuf_iterator<char>());
+    if (cmdline.find(dir.str()) == std::string::npos || cmdline.find(stowage_binary()) != 0) continue;
+    std::ifstream environ_file(entry.path() / "environ", std::ios::binary);
+    const std::string environ((std::istreambuf_iterator<char>(environ_file)), std::istreambuf_iterator<char>());
+    if (environ.find(std::string("RANK=") + std::to_string(rank) + '\0') == 0 ||
+        environ.find(std::string("\0RANK=", 6) + std::to_string(rank) + '\0') != std::string::npos) {
+      return static_cast<pid_t>(std::stoi(name));
+    }
+  }
+  return -1;
+}
+
+// Whether `signal` sent to process `pid` is still pending (not yet delivered to a thread).
+bool signal_pending(pid_t pid, int signal) {
+  std::ifstream status(fmt::format("/proc/{}/status", pid));
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("ShdPnd:", 0) == 0) return (std::stoull(line.substr(7), nullptr, 16) >> (signal - 1)) & 1U;
+  }
+  return false;
+}
+
+// SIGTERM to `pid` once the run has logged step 3; returns the run's exit status and
+// the step it says it saved.
+std::pair<int, int> preempt_after_step_three(BackgroundTrain& run, const RunDir& dir,
+                                             const std::function<pid_t()>& target) {
+  EXPECT_TRUE(run.wait_until([&] { return logged_step(dir) >= 3 && target() > 0; })) << run.output();
+  kill(target(), SIGTERM);
+  const int status = run.finish();
+  return {status, preempted_step(run.output())};
+}
+
+TEST(TrainPreempt, SigtermSavesTheStepTheRunIsOnAndResumeEndsBitIdentical) {
+  RunDir straight, preempted;
+  const std::string args = "--steps 40 --ckpt-every 10";
+  ASSERT_EQ(train(straight, args).status, 0);
+  BackgroundTrain run(preempted, args);
+  const auto [status, step] = preempt_after_step_three(run, preempted, [&] { return run.pid(); });
+  ASSERT_EQ(status, kPreemptedStatus) << run.output();
+  ASSERT_GE(step, 3) << run.output();
+  ASSERT_LT(step, 40) << "the run ended before the signal: " << run.output();
+  EXPECT_TRUE(fs::exists(fs::path(step_dir(preempted, step)) / ".metadata.json"));
+  expect_every_committed_checkpoint_verifies(preempted);
+  const auto resumed = train(preempted, args + " --resume");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find(fmt::format("(step {})", step)), std::string::npos) << resumed.output;
+  expect_same_checkpoint(step_dir(straight, 40), step_dir(preempted, 40));
+}
+
+// Only rank 1 is signalled; the ranks agree at the next step boundary and both save it.
+TEST(TrainPreempt, WhenOneOfTwoRanksIsSignalledBothSaveTheSameStep) {
+  RunDir straight, preempted;
+  const std::string args = "--nproc 2 --steps 30 --ckpt-every 10";
+  ASSERT_EQ(train(straight, args).status, 0);
+  BackgroundTrain run(preempted, args);
+  const auto [status, step] = preempt_after_step_three(run, preempted, [&] { return rank_pid(preempted, 1); });
+  ASSERT_EQ(status, kPreemptedStatus) << run.output();
+  ASSERT_GE(step, 3) << run.output();
+  ASSERT_LT(step, 30) << "the run ended before the signal: " << run.output();
+  expect_every_committed_checkpoint_verifies(preempted);
+  const auto resumed = train(preempted, args + " --resume");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find(fmt::format("(step {})", step)), std::string::npos) << resumed.output;
+  expect_same_checkpoint(step_dir(straight, 30), step_dir(preempted, 30));
+}
+
+// With a save in flight at every step, the second SIGTERM cuts one short: the process
+// ends as SIGTERM ends it, and what it leaves is committed and whole, or not committed.
+TEST(TrainPreempt, ASecondSigtermExitsAtOnceAndCorruptsNothing) {
+  RunDir dir;
+  const std::string args = "--steps 400 --ckpt-every 1 --keep 50";
+  BackgroundTrain run(dir, args);
+  ASSERT_TRUE(run.wait_until([&] { return logged_step(dir) >= 3; })) << run.output();
+  kill(run.pid(), SIGTERM);
+  // Two signals pending at once would be one: the second goes once the first is delivered.
+  while (signal_pending(run.pid(), SIGTERM)) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  kill(run.pid(), SIGTERM);
+  EXPECT_EQ(run.finish(), 128 + SIGTERM) << run.output();
+  EXPECT_NE(run.output().find("a second preemption signal: exiting at once"), std::string::npos) << run.output();
+  expect_every_committed_checkpoint_verifies(dir);
+  const auto resumed = train(dir, "--steps 6 --ckpt-every 1 --keep 50 --resume");  // cleans what was cut short
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  for (const auto& row : run_json("ckpt ls --json " + dir.str())) EXPECT_TRUE(row["committed"].get<bool>());
+}
+
+// SIGTERM as soon as the run announces itself: during --resume's load or the first
+// step. The run exits 75 with what it had (or the step it finished) committed, and
+// continues exactly.
+TEST(TrainPreempt, SigtermWhileResumingExitsCleanlyAndTheRunContinuesExactly) {
+  RunDir straight, dir;
+  ASSERT_EQ(train(straight, "--steps 8 --ckpt-every 4").status, 0);
+  ASSERT_EQ(train(dir, "--steps 4 --ckpt-every 4").status, 0);
+  BackgroundTrain run(dir, "--steps 8 --ckpt-every 4 --resume");
+  ASSERT_TRUE(run.wait_until([&] { return run.output().find("training a") != std::string::npos; })) << run.output();
+  kill(run.pid(), SIGTERM);
+  ASSERT_EQ(run.finish(), kPreemptedStatus) << run.output();
+  EXPECT_NE(run.output().find("preempted by SIGTERM at step"), std::string::npos) << run.output();
+  expect_every_committed_checkpoint_verifies(dir);
+  ASSERT_EQ(train(dir, "--steps 8 --ckpt-every 4 --resume").status, 0);
+  expect_same_checkpoint(step_dir(straight, 8), step_dir(dir, 8));
+}
+
+// A tmpfs of `bytes` on a fresh directory, for the test's lifetime; root only.
+class SmallFileSystem {
+ public:
+  explicit SmallFileSystem(int64_t bytes, unsigned long flags = 0) {
+    fs::create_directories(dir_.path);
+    const std::string options = "size=" + std::to_string(bytes);
+    if (::mount("tmpfs", dir_.str().c_str(), "tmpfs", flags, options.c_str()) == 0) {
+      mounted_ = true;
+    } else {
+      error_ = std::strerror(errno);
+    }
+  }
+  ~SmallFileSystem() {
+    if (mounted_) ::umount2(dir_.str().c_str(), MNT_DETACH);
+  }
+  const std::string& error() const { return error_; }
+  bool mounted() const { return mounted_; }
+  std::string sub(const std::string& name) const { return (dir_.path / name).string(); }
+
+ private:
+  RunDir dir_;
+  bool mounted_ = false;
+  std::string error_;
+};
+
+// The small model's checkpoint is 1.6 MiB: two fit in 4 MiB, the third does not.
+constexpr int64_t kRoomForTwoCheckpoints = 4 << 20;
+
+TEST(TrainSaveFailure, AFullFileSystemCostsTheSavesNotTheRun) {
+  const SmallFileSystem small(kRoomForTwoCheckpoints);
+  if (!small.mounted()) GTEST_SKIP() << "cannot mount a tmpfs (needs root): " << small.error();
+  const std::string run_dir = small.sub("run");
+  const auto result =
+      run_command(stowage_binary() + " train --run-dir " + run_dir + kSmall + " --steps 12 --ckpt-every 3 --keep 5");
+  // It trains to the end, and exits 1 because its last checkpoint failed.
+  EXPECT_EQ(result.status, 1) << result.output;
+  EXPECT_NE(result.output.find("done: steps 1-12"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("checkpoint step 9 failed, training goes on: "), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("No space left on device"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("the last checkpoint (step 12) failed"), std::string::npos) << result.output;
+  std::vector<int64_t> failed;
+  std::ifstream metrics(run_dir + "/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const json record = json::parse(line);
+    if (record["event"] != "checkpoint_failed") continue;
+    failed.push_back(record["step"].get<int64_t>());
+    EXPECT_NE(record["error"].get<std::string>().find("No space left on device"), std::string::npos) << line;
+    EXPECT_EQ(record["path"].get<std::string>(), run_dir + "/checkpoints/step-" + fmt::format("{:08d}", failed.back()));
+  }
+  EXPECT_EQ(failed, (std::vector<int64_t>{9, 12}));
+  const json listed = run_json("ckpt ls --json " + run_dir);
+  ASSERT_EQ(listed.size(), 2u) << listed.dump();  // the partial ones were removed
+  for (const auto& row : listed) {
+    EXPECT_TRUE(row["committed"].get<bool>()) << row.dump();
+    EXPECT_TRUE(run_json("ckpt verify --json " + row["path"].get<std::string>())["ok"].get<bool>()) << row.dump();
+  }
+}
+
+TEST(TrainSaveFailure, WithOnSaveFailureStopAFailedSaveEndsTheRun) {
+  const SmallFileSystem small(kRoomForTwoCheckpoints);
+  if (!small.mounted()) GTEST_SKIP() << "cannot mount a tmpfs (needs root): " << small.error();
+  const auto result = run_command(stowage_binary() + " train --run-dir " + small.sub("run") + kSmall +
+                                  " --steps 30 --ckpt-every 3 --on-save-failure stop");
+  EXPECT_EQ(result.status, 1) << result.output;
+  EXPECT_EQ(result.output.find("done:"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("No space left on device"), std::string::npos) << result.output;
+}
+
+TEST(TrainSaveFailure, AReadOnlyRunDirectoryIsAClearErrorBeforeTraining) {
+  const SmallFileSystem read_only(1 << 20, MS_RDONLY);
+  if (!read_only.mounted()) GTEST_SKIP() << "cannot mount a tmpfs (needs root): " << read_only.error();
+  const auto result = run_command(stowage_binary() + " train --run-dir " + read_only.sub("run") + kSmall);
+  EXPECT_EQ(result.status, 1) << result.output;
+  EXPECT_NE(result.output.find(read_only.sub("run")), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("Read-only file system"), std::string::npos) << result.output;
+}
+
+}  // namespace
+}  // namespace stowage::testing
