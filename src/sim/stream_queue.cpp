@@ -92,6 +92,9 @@ void StreamQueue::run() {
       running_task_ = true;
     }
     task();
+    // What the task captured (a host tensor a copy keeps alive) goes before the stream
+    // counts as idle: a caller that synchronized may count on it being released.
+    task = nullptr;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       running_task_ = false;

@@ -118,6 +118,8 @@ TEST_F(StowageOnSim, DefaultStagerStagesDeviceTensorsThroughItsOwnStream) {
 TEST_F(StowageOnSim, WithoutTheStagingWaitTheSnapshotIsReadBeforeItsBytesArrive) {
   const stowage::StateDict state = device_state(sim0());
   memory::skip_sync_for_testing(memory::SkippedSync::kStagingWait);
+  // Copies slow enough that no descheduling of this thread on a loaded machine outlasts them.
+  sim::set_copy_delay(300'000, 400'000);
   EXPECT_FALSE(staged_equals_source(state));
 }
 
