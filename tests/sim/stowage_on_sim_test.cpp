@@ -87,8 +87,11 @@ TEST_F(StowageOnSim, WithoutRecordStreamTheDownloadReadsFreedPoisonedMemory) {
 
 // ---------------------------------------------------------------- staging
 
+// Values of their own each call: a pinned buffer reused from an earlier staging never
+// holds them already.
 stowage::StateDict device_state(c10::Device device) {
-  torch::manual_seed(11);
+  static uint64_t calls = 0;
+  torch::manual_seed(11 + calls++);
   stowage::StateDict state;
   for (int i = 0; i < 4; ++i) {
     state.insert("t" + std::to_string(i), torch::randn({2048 + i}, torch::TensorOptions().device(device)));
