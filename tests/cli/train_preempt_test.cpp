@@ -150,9 +150,10 @@ std::pair<int, int> preempt_after_step_three(BackgroundTrain& run, const RunDir&
   return {status, preempted_step(run.output())};
 }
 
-TEST(TrainPreempt, SigtermSavesTheStepTheRunIsOnAndResumeEndsBitIdentical) {
+// A save is in flight at every step (--ckpt-every 1): the signal lands during one.
+TEST(TrainPreempt, SigtermDuringASaveSavesTheStepTheRunIsOnAndResumeEndsBitIdentical) {
   RunDir straight, preempted;
-  const std::string args = "--steps 40 --ckpt-every 10";
+  const std::string args = "--steps 40 --ckpt-every 1";
   ASSERT_EQ(train(straight, args).status, 0);
   BackgroundTrain run(preempted, args);
   const auto [status, step] = preempt_after_step_three(run, preempted, [&] { return run.pid(); });

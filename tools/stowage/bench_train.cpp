@@ -3,7 +3,9 @@
 // every K steps), run as the real command in a child process; with --peer, against the
 // same training in PyTorch (bench/peer/train_peer.py: the same model, the same batches,
 // checkpoint_sequential, torch.optim.AdamW, dcp.async_save with a DefaultStager), the
-// two taking turns round by round.
+// two taking turns round by round, on 1 or 2 ranks (--nproc). Besides tokens per second
+// it reports each side's dip: how much slower the steps right after a checkpoint are
+// than the steps far from any (issue 24).
 #include "child_process.h"
 #include "cli_numbers.h"
 #include "commands.h"
@@ -17,8 +19,12 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <numeric>
 #include <regex>
 #include <utility>
 
@@ -42,18 +48,135 @@ struct TrainBenchOptions {
   int64_t ckpt_every = 50;
   int64_t keep = 3;
   int rounds = 3;
-  std::string dir;  // scratch space; empty: the system temp directory
+  int nproc = 1;           // ranks of each side
+  int64_t dip_window = 5;  // steps after each checkpoint that the dip is measured over
+  std::string dir;         // scratch space; empty: the system temp directory
   bool peer = false;
   bool json = false;
 };
 
 // One training run's time over its steps (from before the first to after the last
-// checkpoint committed) and its first and last losses.
+// checkpoint committed), its first and last losses, and (rank 0's) per-step times: a
+// step's time runs from the end of the step before to the end of its own, so the step
+// after a checkpoint includes the time the save blocked the loop and the wait for its
+// staging (`stowage train`'s step_s, and train_peer.py's step_seconds alike).
 struct TrainRun {
   double seconds = 0;
   double first_loss = 0;
   double last_loss = 0;
+  std::vector<double> step_seconds;  // step 1 first
+  // (checkpoint step, the step at whose end its commit was first seen)
+  std::vector<std::pair<int64_t, int64_t>> commits_seen;
 };
+
+// ---------------------------------------------------------------------------- the dip
+// The steps a checkpoint slows down are the K (--dip-window) after it; the baseline is
+// the median of the steps far from every checkpoint. Both sides are judged by the same
+// steps of the same schedule.
+
+// The first steps allocate and fill caches: neither window nor baseline.
+constexpr int64_t kDipWarmupSteps = 5;
+
+struct DipSchedule {
+  std::vector<int64_t> checkpoints;           // the steps a save follows, the last step included
+  std::vector<std::vector<int64_t>> windows;  // a checkpoint's steps c+1..c+K (past the warm-up), if any
+  std::vector<int64_t> far;                   // past the warm-up, and outside every c-1..c+K
+  std::string unmeasured;                     // why the run has no dip to measure; empty: it has
+};
+
+DipSchedule dip_schedule(const TrainBenchOptions& o) {
+  DipSchedule schedule;
+  if (o.ckpt_every <= 0) return schedule;
+  for (int64_t step = o.ckpt_every; step <= o.steps; step += o.ckpt_every) schedule.checkpoints.push_back(step);
+  if (schedule.checkpoints.empty() || schedule.checkpoints.back() != o.steps) schedule.checkpoints.push_back(o.steps);
+  std::vector<bool> near(static_cast<size_t>(o.steps + 1), false);
+  for (const int64_t checkpoint : schedule.checkpoints) {
+    std::vector<int64_t> window;
+    for (int64_t step = std::max<int64_t>(checkpoint - 1, 1); step <= std::min(checkpoint + o.dip_window, o.steps);
+         ++step) {
+      near[static_cast<size_t>(step)] = true;
+      if (step > checkpoint && step > kDipWarmupSteps) window.push_back(step);
+    }
+    if (!window.empty()) schedule.windows.push_back(std::move(window));
+  }
+  for (int64_t step = kDipWarmupSteps + 1; step <= o.steps; ++step) {
+    if (!near[static_cast<size_t>(step)]) schedule.far.push_back(step);
+  }
+  if (schedule.windows.empty() || schedule.far.empty()) {
+    schedule.unmeasured = fmt::format(
+        "--steps {} --ckpt-every {} --dip-window {} leave no {} (the first {} steps are warm-up): give more "
+        "--steps, or a --ckpt-every that leaves more than --dip-window + 2 steps between checkpoints",
+        o.steps, o.ckpt_every, o.dip_window,
+        schedule.windows.empty() ? "steps after a checkpoint" : "steps far from every checkpoint", kDipWarmupSteps);
+  }
+  return schedule;
+}
+
+// One run's dip, as fractions (0.02: 2% slower than the baseline).
+struct Dip {
+  double mean = 0;        // mean of every window's steps / baseline - 1
+  double worst = 0;       // the slowest checkpoint's window mean / baseline - 1
+  double baseline_s = 0;  // median far step
+  // The most steps from a checkpoint (the last excepted) to the end of the step at
+  // which its commit was seen: more than the window, and far steps overlap the write.
+  int64_t commit_lag_steps = 0;
+};
+
+double mean_step_seconds(const std::vector<double>& step_seconds, const std::vector<int64_t>& steps) {
+  double total = 0;
+  for (const int64_t step : steps) total += step_seconds[static_cast<size_t>(step - 1)];
+  return total / static_cast<double>(steps.size());
+}
+
+Dip measure_dip(const TrainRun& run, const DipSchedule& schedule, const std::string& side) {
+  const size_t steps = static_cast<size_t>(schedule.checkpoints.back());
+  if (run.step_seconds.size() != steps) {
+    throw Error(fmt::format("bench train: {} reported the times of {} steps, not of its {}", side,
+                            run.step_seconds.size(), steps));
+  }
+  std::vector<double> far_seconds;
+  for (const int64_t step : schedule.far) far_seconds.push_back(run.step_seconds[static_cast<size_t>(step - 1)]);
+  Dip dip;
+  dip.baseline_s = bench::median(far_seconds);
+  std::vector<int64_t> all_window_steps;
+  double slowest_window_s = 0;
+  for (const std::vector<int64_t>& window : schedule.windows) {
+    all_window_steps.insert(all_window_steps.end(), window.begin(), window.end());
+    slowest_window_s = std::max(slowest_window_s, mean_step_seconds(run.step_seconds, window));
+  }
+  dip.mean = mean_step_seconds(run.step_seconds, all_window_steps) / dip.baseline_s - 1;
+  dip.worst = slowest_window_s / dip.baseline_s - 1;
+  for (const auto& [checkpoint, seen] : run.commits_seen) {
+    if (checkpoint < schedule.checkpoints.back())
+      dip.commit_lag_steps = std::max(dip.commit_lag_steps, seen - checkpoint);
+  }
+  return dip;
+}
+
+// Rank 0's step times and commits from `stowage train`'s metrics.jsonl. A checkpoint's
+// line comes before the line of the step in which the loop saw it committed.
+void read_stowage_metrics(const std::string& path, TrainRun& run) {
+  std::ifstream in(path);
+  if (!in) throw Error(fmt::format("bench train: cannot read `stowage train`'s metrics '{}'", path));
+  std::vector<int64_t> committed_since_last_step;
+  std::string line;
+  for (int64_t line_number = 1; std::getline(in, line); ++line_number) {
+    const nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!record.is_object() || !record.contains("event")) {
+      throw Error(fmt::format("bench train: line {} of '{}' is no metrics record: {}", line_number, path, line));
+    }
+    if (record["event"] == "checkpoint") committed_since_last_step.push_back(record.at("step").get<int64_t>());
+    if (record["event"] != "step") continue;
+    const int64_t step = record.at("step").get<int64_t>();
+    if (step != static_cast<int64_t>(run.step_seconds.size()) + 1) {
+      throw Error(fmt::format("bench train: line {} of '{}' is step {}, expected step {}", line_number, path, step,
+                              run.step_seconds.size() + 1));
+    }
+    run.step_seconds.push_back(record.at("step_s").get<double>());
+    for (const int64_t checkpoint : committed_since_last_step) run.commits_seen.emplace_back(checkpoint, step);
+    committed_since_last_step.clear();
+  }
+}
 
 // Runs `args` with stdout and stderr into `log`; returns what it printed. Throws
 // stowage::Error with its last lines when it fails.
@@ -84,7 +207,8 @@ std::vector<std::string> stowage_train_command(const TrainBenchOptions& o, const
       {"--recompute-segments", o.recompute_segments},
       {"--ckpt-every", o.ckpt_every},
       {"--keep", o.keep},
-      {"--log-every", o.steps}};  // one progress line: the last step's
+      {"--log-every", o.steps},  // one progress line: the last step's
+      {"--nproc", o.nproc}};
   for (const auto& [flag, value] : numbers) command.insert(command.end(), {flag, std::to_string(value)});
   return command;
 }
@@ -96,6 +220,8 @@ TrainRun run_stowage_train(const TrainBenchOptions& o, const bench::Scratch& scr
   const std::string run_dir = scratch.sub("stowage-run");
   std::filesystem::remove_all(run_dir);
   const std::string output = run_logged(stowage_train_command(o, run_dir), scratch.sub("stowage-train.log"));
+  TrainRun run;
+  read_stowage_metrics(run_dir + "/metrics.jsonl", run);
   std::filesystem::remove_all(run_dir);
   static const std::regex done(R"(done: steps 1-(\d+) in ([0-9.]+) s, loss ([0-9.naif-]+) -> ([0-9.naif-]+))");
   std::smatch match;
@@ -107,7 +233,10 @@ TrainRun run_stowage_train(const TrainBenchOptions& o, const bench::Scratch& scr
     throw Error(fmt::format("bench train: {} steps took `stowage train` under the 0.1 s it reports: give more --steps",
                             o.steps));
   }
-  return {seconds, std::stod(match[3]), std::stod(match[4])};
+  run.seconds = seconds;
+  run.first_loss = std::stod(match[3]);
+  run.last_loss = std::stod(match[4]);
+  return run;
 }
 
 TrainRun run_pytorch_train(const TrainBenchOptions& o, const bench::Scratch& scratch, bench::PythonPeer& peer) {
@@ -127,15 +256,23 @@ TrainRun run_pytorch_train(const TrainBenchOptions& o, const bench::Scratch& scr
                                               {"threads", o.threads},
                                               {"recompute_segments", o.recompute_segments},
                                               {"ckpt_every", o.ckpt_every},
-                                              {"keep", o.keep}});
+                                              {"keep", o.keep},
+                                              {"nproc", o.nproc}});
   for (const auto& path : answer.at("checkpoints")) {
     if (!std::filesystem::exists(path.get<std::string>() + "/.metadata")) {
       throw Error(fmt::format("bench train: the PyTorch script's checkpoint {} has no .metadata", path.dump()));
     }
   }
   std::filesystem::remove_all(run_dir);
-  return {answer.at("seconds").get<double>(), answer.at("first_loss").get<double>(),
-          answer.at("last_loss").get<double>()};
+  TrainRun run;
+  run.seconds = answer.at("seconds").get<double>();
+  run.first_loss = answer.at("first_loss").get<double>();
+  run.last_loss = answer.at("last_loss").get<double>();
+  run.step_seconds = answer.at("step_seconds").get<std::vector<double>>();
+  for (const auto& commit : answer.at("commits")) {
+    run.commits_seen.emplace_back(commit.at(0).get<int64_t>(), commit.at(1).get<int64_t>());
+  }
+  return run;
 }
 
 // The medians of the rounds' figures, as "<prefix>tokens_per_s" and the like.
@@ -150,7 +287,55 @@ void add_runs(nlohmann::json& out, const std::string& prefix, const std::vector<
   out[prefix + "last_loss"] = runs.back().last_loss;
 }
 
+// The medians of the rounds' dips, as "<prefix>dip_mean" and the like, with each
+// round's mean; the commit lag is the rounds' largest.
+void add_dips(nlohmann::json& out, const std::string& prefix, const std::vector<TrainRun>& runs,
+              const DipSchedule& schedule, const std::string& side) {
+  std::vector<double> means, worsts, baselines;
+  int64_t commit_lag_steps = 0;
+  for (const TrainRun& run : runs) {
+    const Dip dip = measure_dip(run, schedule, side);
+    means.push_back(dip.mean);
+    worsts.push_back(dip.worst);
+    baselines.push_back(dip.baseline_s);
+    commit_lag_steps = std::max(commit_lag_steps, dip.commit_lag_steps);
+  }
+  out[prefix + "dip_mean"] = bench::median(means);
+  out[prefix + "dip_worst"] = bench::median(worsts);
+  out[prefix + "dip_baseline_step_s"] = bench::median(baselines);
+  out[prefix + "dip_commit_lag_steps"] = commit_lag_steps;
+  out[prefix + "dip_mean_rounds"] = means;
+}
+
+// The dip's schedule and definition, each side's dips, and whether stowage's meets the
+// issue's goal: a mean of at most 2%, and (with the peer) below PyTorch's.
+void add_dip_figures(nlohmann::json& out, const TrainBenchOptions& o, const DipSchedule& schedule,
+                     const std::vector<TrainRun>& stowage_runs, const std::vector<TrainRun>& pytorch_runs) {
+  constexpr double kDipGoal = 0.02;
+  out["dip_window"] = o.dip_window;
+  out["dip_warmup_steps"] = kDipWarmupSteps;
+  out["dip_window_steps"] = std::accumulate(schedule.windows.begin(), schedule.windows.end(), size_t{0},
+                                            [](size_t total, const auto& window) { return total + window.size(); });
+  out["dip_far_steps"] = schedule.far.size();
+  out["dip_definition"] =
+      "a step's time runs from the end of the step before to the end of its own; window: steps c+1..c+K after each "
+      "checkpoint c but the last; far: the steps outside every c-1..c+K, past the warm-up; dip_mean: mean window step "
+      "/ median far step - 1; dip_worst: the slowest checkpoint's window mean / median far step - 1; medians of the "
+      "rounds";
+  add_dips(out, "stowage_", stowage_runs, schedule, "`stowage train`");
+  const double stowage_mean = out["stowage_dip_mean"].get<double>();
+  bool met = stowage_mean <= kDipGoal;
+  out["dip_target"] = "stowage's mean dip <= 2%";
+  if (!pytorch_runs.empty()) {
+    add_dips(out, "pytorch_", pytorch_runs, schedule, "the PyTorch script");
+    met = met && stowage_mean < out["pytorch_dip_mean"].get<double>();
+    out["dip_target"] = "stowage's mean dip <= 2% and below PyTorch's";
+  }
+  out["dip_target_met"] = met;
+}
+
 nlohmann::json run_train_bench(const TrainBenchOptions& o) {
+  const DipSchedule schedule = dip_schedule(o);
   const bench::Scratch scratch(o.dir, "train");
   std::unique_ptr<bench::PythonPeer> peer;
   if (o.peer) peer = std::make_unique<bench::PythonPeer>("train_peer.py", std::vector<std::string>{});
@@ -165,6 +350,7 @@ nlohmann::json run_train_bench(const TrainBenchOptions& o) {
                      {"seq_len", o.seq_len},
                      {"tokens", tokens},
                      {"threads", o.threads},
+                     {"nproc", o.nproc},
                      {"recompute_segments", o.recompute_segments},
                      {"ckpt_every", o.ckpt_every},
                      {"optimizer", "AdamW, plain (stowage train --swap-times 0)"},
@@ -173,20 +359,48 @@ nlohmann::json run_train_bench(const TrainBenchOptions& o) {
                       "the training loop, from before the first step until the last checkpoint "
                       "committed; median of the rounds"}};
   add_runs(out, "stowage_", stowage_runs, tokens);
-  if (!peer) return out;
-  add_runs(out, "pytorch_", pytorch_runs, tokens);
-  const double ratio = out["stowage_tokens_per_s"].get<double>() / out["pytorch_tokens_per_s"].get<double>();
-  out["stowage_over_pytorch_tokens_per_s"] = ratio;
-  out["stowage_over_pytorch_tokens_per_s_met"] = ratio >= 1;
+  if (peer) {
+    add_runs(out, "pytorch_", pytorch_runs, tokens);
+    const double ratio = out["stowage_tokens_per_s"].get<double>() / out["pytorch_tokens_per_s"].get<double>();
+    out["stowage_over_pytorch_tokens_per_s"] = ratio;
+    out["stowage_over_pytorch_tokens_per_s_met"] = ratio >= 1;
+  }
+  if (!schedule.unmeasured.empty()) {
+    out["dip_unmeasured"] = schedule.unmeasured;
+  } else if (!schedule.checkpoints.empty()) {
+    add_dip_figures(out, o, schedule, stowage_runs, pytorch_runs);
+  }
+  return out;
+}
+
+// The dip's lines: each side's mean and worst, and the goal.
+std::string dip_text(const nlohmann::json& r) {
+  std::string out = fmt::format(
+      "dip after a checkpoint: steps c+1..c+{} against the median of {} steps far from any checkpoint, median of {} "
+      "rounds\n",
+      r["dip_window"].get<int64_t>(), r["dip_far_steps"].get<int64_t>(), r["rounds"].get<int>());
+  const auto line = [&r](const std::string& who, const std::string& prefix) {
+    const int64_t lag = r[prefix + "dip_commit_lag_steps"].get<int64_t>();
+    return fmt::format(
+        "  {:<8} mean {:+6.1f}%  worst {:+6.1f}%  (far step {:.1f} ms; commits seen within {} steps{})\n", who,
+        100 * r[prefix + "dip_mean"].get<double>(), 100 * r[prefix + "dip_worst"].get<double>(),
+        1e3 * r[prefix + "dip_baseline_step_s"].get<double>(), lag,
+        lag > r["dip_window"].get<int64_t>() ? ", past the window: far steps overlap writes" : "");
+  };
+  out += line("stowage", "stowage_");
+  if (r.contains("pytorch_dip_mean")) out += line("PyTorch", "pytorch_");
+  out += fmt::format("target: {}: {}\n", r["dip_target"].get<std::string>(),
+                     r["dip_target_met"].get<bool>() ? "met" : "NOT met");
   return out;
 }
 
 std::string train_bench_text(const nlohmann::json& r) {
   std::string out = fmt::format(
-      "train benchmark: {} steps of {} tokens, {} threads, {} checkpoint segments, a checkpoint every {} steps, "
-      "{}\n",
-      r["steps"].get<int64_t>(), r["batch"].get<int64_t>() * r["seq_len"].get<int64_t>(), r["threads"].get<int>(),
-      r["recompute_segments"].get<int64_t>(), r["ckpt_every"].get<int64_t>(), r["optimizer"].get<std::string>());
+      "train benchmark: {} steps of {} tokens on {} rank(s), {} threads each, {} checkpoint segments, a checkpoint "
+      "every {} steps, {}\n",
+      r["steps"].get<int64_t>(), r["batch"].get<int64_t>() * r["seq_len"].get<int64_t>(), r["nproc"].get<int>(),
+      r["threads"].get<int>(), r["recompute_segments"].get<int64_t>(), r["ckpt_every"].get<int64_t>(),
+      r["optimizer"].get<std::string>());
   const auto line = [&r](const std::string& who, const std::string& prefix) {
     return fmt::format("  {:<8} {:8.0f} tok/s ({:.2f} s, median of {}), loss {:.3f} -> {:.3f}\n", who,
                        r[prefix + "tokens_per_s"].get<double>(), r[prefix + "seconds"].get<double>(),
@@ -194,11 +408,15 @@ std::string train_bench_text(const nlohmann::json& r) {
                        r[prefix + "last_loss"].get<double>());
   };
   out += line("stowage", "stowage_");
-  if (!r.contains("pytorch_tokens_per_s")) return out;
-  out += line("PyTorch", "pytorch_");
-  out += fmt::format("target: stowage tokens/s >= PyTorch's: {:.3f} x, {}\n",
-                     r["stowage_over_pytorch_tokens_per_s"].get<double>(),
-                     r["stowage_over_pytorch_tokens_per_s_met"].get<bool>() ? "met" : "NOT met");
+  if (r.contains("pytorch_tokens_per_s")) {
+    out += line("PyTorch", "pytorch_");
+    out += fmt::format("target: stowage tokens/s >= PyTorch's: {:.3f} x, {}\n",
+                       r["stowage_over_pytorch_tokens_per_s"].get<double>(),
+                       r["stowage_over_pytorch_tokens_per_s_met"].get<bool>() ? "met" : "NOT met");
+  }
+  if (r.contains("dip_window")) out += dip_text(r);
+  if (r.contains("dip_unmeasured"))
+    out += fmt::format("dip: not measured: {}\n", r["dip_unmeasured"].get<std::string>());
   return out;
 }
 
@@ -206,7 +424,9 @@ std::string train_bench_text(const nlohmann::json& r) {
 
 void add_bench_train(CLI::App& bench) {
   CLI::App* cmd = bench.add_subcommand(
-      "train", "Tokens per second of `stowage train` (plain AdamW), and with --peer of the same training in PyTorch");
+      "train",
+      "Tokens per second and the dip after each checkpoint of `stowage train` (plain AdamW), and with --peer of the "
+      "same training in PyTorch");
   auto o = std::make_shared<TrainBenchOptions>();
   cmd->add_option("--steps", o->steps, "training steps of each run")
       ->check(positive_integer<int64_t>())
@@ -219,6 +439,13 @@ void add_bench_train(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--rounds", o->rounds, "runs of each side, taking turns")
       ->check(integer_in(1, 100))
+      ->capture_default_str();
+  cmd->add_option("--nproc", o->nproc, "ranks of each side (data-parallel over Gloo)")
+      ->check(integer_in(1, 2))
+      ->capture_default_str();
+  cmd->add_option("--dip-window", o->dip_window,
+                  "steps after each checkpoint whose slow-down against the steps far from any is the dip")
+      ->check(positive_integer<int64_t>())
       ->capture_default_str();
   cmd->add_option("--corpus", o->corpus, "text file or directory of text files")->capture_default_str();
   cmd->add_option("--dir", o->dir, "scratch directory for the runs' checkpoints (default: the system temp directory)");
