@@ -20,6 +20,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <regex>
 #include <thread>
 #include <vector>
@@ -29,14 +30,38 @@ namespace {
 
 constexpr int kPreemptedStatus = 75;
 
+// The pids of the stowage processes whose command line names `run_dir` and whose
+// environment has RANK (the ranks of a --nproc run), by rank.
+std::map<int, pid_t> ranks_by_number(const std::string& run_dir) {
+  std::map<int, pid_t> ranks;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream cmdline_file(entry.path() / "cmdline", std::ios::binary);
+    const std::string cmdline((std::istreambuf_iterator<char>(cmdline_file)), std::istreambuf_iterator<char>());
+    if (cmdline.find(run_dir) == std::string::npos || cmdline.find(stowage_binary()) != 0) continue;
+    std::ifstream environ_file(entry.path() / "environ", std::ios::binary);
+    for (std::string variable; std::getline(environ_file, variable, '\0');) {
+      if (variable.rfind("RANK=", 0) == 0) ranks[std::stoi(variable.substr(5))] = static_cast<pid_t>(std::stoi(name));
+    }
+  }
+  return ranks;
+}
+
+std::vector<pid_t> ranks_of(const std::string& run_dir) {
+  std::vector<pid_t> pids;
+  for (const auto& [rank, pid] : ranks_by_number(run_dir)) pids.push_back(pid);
+  return pids;
+}
+
 // A `stowage train` run in the background, its output in a file of its run directory's
 // sibling.
 class BackgroundTrain {
  public:
-  BackgroundTrain(const RunDir& dir, const std::string& args) : log_(dir.str() + ".log") {
+  BackgroundTrain(const RunDir& dir, const std::string& args) : run_dir_(dir.str()), log_(dir.str() + ".log") {
     pid_ = fork();
     if (pid_ == 0) {
-      setpgid(0, 0);  // its own process group, with the ranks it starts: killed together on a hang
+      setpgid(0, 0);  // its own process group: killed with it on a hang
       const std::string command =
           fmt::format("exec {} train --run-dir {}{} {} > {} 2>&1", stowage_binary(), dir.str(), kSmall, args, log_);
       execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
@@ -74,6 +99,7 @@ class BackgroundTrain {
     if (!wait_until([] { return false; })) {
       if (status_ >= 0) return status_;
       kill(-pid_, SIGKILL);
+      for (const pid_t rank : ranks_of(run_dir_)) kill(rank, SIGKILL);  // in a group of their own
       ADD_FAILURE() << "the run hung; its output:\n" << output();
     }
     int status = 0;
@@ -83,6 +109,7 @@ class BackgroundTrain {
   }
 
  private:
+  std::string run_dir_;
   std::string log_;
   pid_t pid_ = -1;
   int status_ = -1;
@@ -113,22 +140,11 @@ void expect_every_committed_checkpoint_verifies(const RunDir& dir) {
   }
 }
 
-// The pid of `rank` of a --nproc run in `dir`: a stowage process whose environment says RANK.
+// The pid of `rank` of a --nproc run in `dir`, or -1.
 pid_t rank_pid(const RunDir& dir, int rank) {
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream cmdline_file(entry.path() / "cmdline", std::ios::binary);
-    const std::string cmdline((std::istreambuf_iterator<char>(cmdline_file)), std::istreambuf_iterator<char>());
-    if (cmdline.find(dir.str()) == std::string::npos || cmdline.find(stowage_binary()) != 0) continue;
-    std::ifstream environ_file(entry.path() / "environ", std::ios::binary);
-    const std::string environ((std::istreambuf_iterator<char>(environ_file)), std::istreambuf_iterator<char>());
-    if (environ.find(std::string("RANK=") + std::to_string(rank) + '\0') == 0 ||
-        environ.find(std::string("\0RANK=", 6) + std::to_string(rank) + '\0') != std::string::npos) {
-      return static_cast<pid_t>(std::stoi(name));
-    }
-  }
-  return -1;
+  const std::map<int, pid_t> ranks = ranks_by_number(dir.str());
+  const auto found = ranks.find(rank);
+  return found == ranks.end() ? -1 : found->second;
 }
 
 // Whether `signal` sent to process `pid` is still pending (not yet delivered to a thread).
@@ -183,6 +199,20 @@ TEST(TrainPreempt, WhenOneOfTwoRanksIsSignalledBothSaveTheSameStep) {
   ASSERT_EQ(resumed.status, 0) << resumed.output;
   EXPECT_NE(resumed.output.find(fmt::format("(step {})", step)), std::string::npos) << resumed.output;
   expect_same_checkpoint(step_dir(straight, 30), step_dir(preempted, 30));
+}
+
+// SIGTERM to the launcher's whole process group (a terminal's job control, `kill -TERM
+// -<group>`, `timeout`): the ranks, in a group of their own, get it once, through the
+// launcher, and save; a rank that got it twice would exit at once without saving.
+TEST(TrainPreempt, SigtermToTheLaunchersProcessGroupReachesEachRankOnce) {
+  RunDir preempted;
+  BackgroundTrain run(preempted, "--nproc 2 --steps 300 --ckpt-every 10");
+  ASSERT_TRUE(run.wait_until([&] { return logged_step(preempted) >= 3; })) << run.output();
+  kill(-run.pid(), SIGTERM);
+  ASSERT_EQ(run.finish(), kPreemptedStatus) << run.output();
+  const int step = preempted_step(run.output());
+  ASSERT_GE(step, 3) << run.output();
+  EXPECT_TRUE(fs::exists(fs::path(step_dir(preempted, step)) / ".metadata.json")) << run.output();
 }
 
 // With a save in flight at every step, the second SIGTERM cuts one short: the process

@@ -5,7 +5,10 @@
 // Like torchrun, the first rank to fail brings the others down: they get SIGTERM, then
 // SIGKILL after a grace period, and launch exits with the failed rank's status. And like
 // torchrun, a signal a scheduler sends to launch (TERM, INT, HUP, USR1, USR2) goes on to
-// every rank, which decide what to do with it (`stowage train` saves and exits).
+// every rank, which decide what to do with it (`stowage train` saves and exits). The
+// ranks have a process group of their own, so that a signal to launch's group (a
+// terminal's Ctrl-C, `kill -TERM -<group>`) reaches each rank once, through launch: a
+// rank that got it twice would take the second for a second notice.
 #include "cli_numbers.h"
 #include "commands.h"
 
@@ -82,10 +85,12 @@ int launch_ranks(int nproc, int port, std::chrono::seconds grace, const std::vec
   if (port == 0) port = free_port();
   forward_signals_to_ranks();
   std::vector<pid_t> children;
+  pid_t ranks_group = 0;  // the first rank's pid, once it runs
   for (int rank = 0; rank < nproc; ++rank) {
     const pid_t pid = fork();
     if (pid < 0) throw Error("launch: fork failed");
     if (pid == 0) {
+      setpgid(0, ranks_group);
       setenv("RANK", std::to_string(rank).c_str(), 1);
       setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
       setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
@@ -100,6 +105,8 @@ int launch_ranks(int nproc, int port, std::chrono::seconds grace, const std::vec
       fmt::print(stderr, "launch: cannot run '{}'\n", command[0]);
       _exit(127);
     }
+    setpgid(pid, ranks_group);  // here too: either call may run first
+    if (ranks_group == 0) ranks_group = pid;
     children.push_back(pid);
   }
   int result = 0;
