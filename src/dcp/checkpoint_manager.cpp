@@ -227,24 +227,28 @@ void CheckpointManager::finish() {
 
 void CheckpointManager::handle_failure(SaveReport report, const std::exception_ptr& error,
                                        int64_t previous_saved_step) {
-  last_saved_step_ = previous_saved_step;  // the step may be saved again
-  if (!group_ || group_->rank() == 0) {
-    // A checkpoint that committed is never removed, whatever failed after its commit.
-    try {
-      const std::string metadata = (fs::path(report.path) / kMetadataFileName).string();
-      if (env().file_type(report.path) != FileType::kAbsent && env().file_type(metadata) == FileType::kAbsent) {
-        env().remove_tree(report.path);
-      }
-    } catch (const std::exception& removal) {
-      report.error += fmt::format("; its partial directory could not be removed: {}", exception_message(removal));
+  // A checkpoint that committed is never removed, nor saved over, whatever failed after
+  // its commit (a directory's fsync). Every rank looks: they all wrote into the directory.
+  const std::string metadata = (fs::path(report.path) / kMetadataFileName).string();
+  bool committed = false;
+  try {
+    committed = env().file_type(metadata) != FileType::kAbsent;
+    if (!committed && (!group_ || group_->rank() == 0) && env().file_type(report.path) != FileType::kAbsent) {
+      env().remove_tree(report.path);
     }
+  } catch (const std::exception& problem) {
+    report.error += fmt::format("; its partial directory could not be removed: {}", exception_message(problem));
   }
+  if (committed) report.error += "; its metadata was committed, so the checkpoint is kept";
+  last_saved_step_ = committed ? report.step : previous_saved_step;  // else the step may be saved again
   failed_in_a_row_.push_back(report.step);
   if (options_.on_save_failure() == SaveFailurePolicy::kStop) std::rethrow_exception(error);
   const auto limit = static_cast<size_t>(options_.max_consecutive_failures());
   if (limit > 0 && failed_in_a_row_.size() >= limit) {
-    throw Error(fmt::format("CheckpointManager: {} saves failed in a row (steps {}); the last one's error: {}",
-                            failed_in_a_row_.size(), fmt::join(failed_in_a_row_, ", "), report.error));
+    const std::string steps = fmt::format("{}", fmt::join(failed_in_a_row_, ", "));
+    const size_t count = std::exchange(failed_in_a_row_, {}).size();  // a caller that goes on counts anew
+    throw Error(fmt::format("CheckpointManager: {} saves failed in a row (steps {}); the last one's error: {}", count,
+                            steps, report.error));
   }
   unreported_.push_back(std::move(report));
 }

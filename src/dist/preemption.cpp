@@ -36,21 +36,24 @@ void write_to_stderr(const char* text) {
 }
 
 // Ends the process as `signal`'s default action would, after `why` on stderr.
-// Async-signal-safe.
+// Async-signal-safe. raise() delivers to this thread before it returns.
 void die_by(int signal, const char* why) {
   write_to_stderr(why);
   ::signal(signal, SIG_DFL);
-  ::kill(::getpid(), signal);
+  ::raise(signal);
   ::_exit(128 + signal);  // only if the signal is blocked here
 }
 
 extern "C" void on_notice_signal(int signal) {
   if (!g_armed.load()) return;
+  const int saved_errno = errno;  // sem_post may set it under the interrupted code
   int none = 0;
   if (g_first_signal.compare_exchange_strong(none, signal)) {
     ::sem_post(&g_wake_watchdog);
+    errno = saved_errno;
     return;
   }
+  errno = saved_errno;
   if (g_second_signal_exits.load()) {
     die_by(signal,
            "stowage: a second preemption signal: exiting at once (a checkpoint being written is not committed)\n");
@@ -146,7 +149,9 @@ int PreemptionNotice::signal_number() const {
 }
 
 void PreemptionNotice::notify(int signal) {
-  if (signal <= 0) throw InvalidArgument(fmt::format("PreemptionNotice::notify: signal {} is not a signal", signal));
+  if (signal <= 0 || signal >= NSIG) {
+    throw InvalidArgument(fmt::format("PreemptionNotice::notify: {} is not a signal number", signal));
+  }
   int none = 0;
   if (g_armed.load() && g_first_signal.compare_exchange_strong(none, signal)) ::sem_post(&g_wake_watchdog);
 }
@@ -159,8 +164,11 @@ bool PreemptionNotice::agreed(const std::optional<ProcessGroup>& group) const {
   group->all_reduce_sum(ranks_by_signal);
   const at::Tensor given = ranks_by_signal.nonzero();
   if (given.numel() == 0) return false;
+  // As notify(): the grace deadline runs from here on a rank that had no notice.
   int none = 0;
-  g_first_signal.compare_exchange_strong(none, static_cast<int>(given[0].item<int64_t>()));
+  if (g_armed.load() && g_first_signal.compare_exchange_strong(none, static_cast<int>(given[0].item<int64_t>()))) {
+    ::sem_post(&g_wake_watchdog);
+  }
   return true;
 }
 

@@ -87,6 +87,13 @@ struct DipSchedule {
 DipSchedule dip_schedule(const TrainBenchOptions& o) {
   DipSchedule schedule;
   if (o.ckpt_every <= 0) return schedule;
+  if (o.ckpt_every <= o.dip_window + 1) {
+    // Windows would overlap, each holding the next checkpoint's own slowed steps.
+    schedule.unmeasured =
+        fmt::format("--ckpt-every {} leaves no room for --dip-window {}: give a --ckpt-every above {}", o.ckpt_every,
+                    o.dip_window, o.dip_window + 1);
+    return schedule;
+  }
   for (int64_t step = o.ckpt_every; step <= o.steps; step += o.ckpt_every) schedule.checkpoints.push_back(step);
   if (schedule.checkpoints.empty() || schedule.checkpoints.back() != o.steps) schedule.checkpoints.push_back(o.steps);
   std::vector<bool> near(static_cast<size_t>(o.steps + 1), false);

@@ -11,6 +11,12 @@
 
 namespace stowage::cli {
 
+// How a preempted `stowage train` exits, its final checkpoint committed: EX_TEMPFAIL,
+// the job is not done and may be retried, which is what a scheduler that requeues
+// preempted jobs (Kubernetes' restart policy, torchelastic) needs to see. `launch` does
+// not stop the other ranks for it: they are ending the same preemption.
+inline constexpr int kPreemptedStatus = 75;
+
 void add_launch_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_ckpt_command(CLI::App& app);

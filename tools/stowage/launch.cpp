@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include <netinet/in.h>
+#include <sys/prctl.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -91,6 +92,7 @@ int launch_ranks(int nproc, int port, std::chrono::seconds grace, const std::vec
     if (pid < 0) throw Error("launch: fork failed");
     if (pid == 0) {
       setpgid(0, ranks_group);
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // out of launch's group: they must not outlive it
       setenv("RANK", std::to_string(rank).c_str(), 1);
       setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
       setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
@@ -128,7 +130,8 @@ int launch_ranks(int nproc, int port, std::chrono::seconds grace, const std::vec
       for (size_t rank = 0; rank < children.size(); ++rank) {
         if (children[rank] != pid) continue;
         children[rank] = -1;
-        if (code != 0 && !stopping) {
+        if (result == 0) result = code;
+        if (code != 0 && code != kPreemptedStatus && !stopping) {
           fmt::print(stderr, "launch: rank {} exited with status {}; stopping the other ranks\n", rank, code);
           result = code;
           stopping = true;

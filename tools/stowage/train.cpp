@@ -68,10 +68,6 @@ struct TrainOptions {
   std::string preempt_grace = "0s";  // 0: no deadline
 };
 
-// EX_TEMPFAIL: the job is not done and may be retried, which is what a scheduler that
-// requeues preempted jobs (Kubernetes' restart policy, torchelastic) needs to see.
-constexpr int kPreemptedStatus = 75;
-
 dcp::CheckpointManagerOptions checkpoint_options(const TrainOptions& options) {
   return dcp::CheckpointManagerOptions()
       .save_every(options.ckpt_every)
@@ -182,11 +178,13 @@ c10::Device rank_device(const std::string& text) {
 class Trainer {
  public:
   explicit Trainer(TrainOptions options)
-      : options_(std::move(options)), world_(join_world(options_)), device_(rank_device(options_.device)) {}
+      : options_(std::move(options)),
+        notice_(preemption_options(options_)),
+        world_(join_world(options_)),
+        device_(rank_device(options_.device)) {}
 
   void run() {
-    // From the start: a notice during --resume's load is kept for the first step boundary.
-    dist::PreemptionNotice notice(preemption_options(options_));
+    dist::PreemptionNotice& notice = notice_;
     torch::set_num_threads(options_.threads);
     memory::enable_accounting();
     // The options are checked (the corpus read, the model built) before anything is
@@ -256,10 +254,10 @@ class Trainer {
       }
       saved = fmt::format("step {} committed in {:.3f} s", step_, seconds_since(start));
     }
-    notice.disarm();  // the job ends on its own terms now: a signal still to come is ignored
-    // No rank exits before every rank is past the commit: a launcher stops the others
-    // when the first one exits.
+    // No rank exits before every rank is past the commit. Disarmed only then, so that a
+    // second signal or the grace deadline still ends a rank that waits for a dead one.
     if (world_.group) world_.group->barrier();
+    notice.disarm();  // the job ends on its own terms now: a signal still to come is ignored
     if (progress_) {
       progress_->message(fmt::format("preempted by {} at step {}: {}; exiting with status {} (--resume continues)",
                                      signal, step_, saved, kPreemptedStatus));
@@ -491,6 +489,9 @@ class Trainer {
   }
 
   TrainOptions options_;
+  // From the start, before the ranks meet: a notice during the rendezvous or --resume's
+  // load is kept for the first step boundary.
+  dist::PreemptionNotice notice_;
   World world_;
   c10::Device device_;
   LanguageModel model_{nullptr};
