@@ -115,17 +115,6 @@ class BackgroundTrain {
   int status_ = -1;
 };
 
-// The highest step metrics.jsonl has logged.
-int64_t logged_step(const RunDir& dir) {
-  std::ifstream file(dir.path / "metrics.jsonl");
-  int64_t step = 0;
-  for (std::string line; std::getline(file, line);) {
-    const json record = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (record.is_object() && record.value("event", "") == "step") step = record["step"].get<int64_t>();
-  }
-  return step;
-}
-
 // The step of "preempted by SIGTERM at step N: step N committed", or -1.
 int preempted_step(const std::string& output) {
   static const std::regex preempted(R"(preempted by SIGTERM at step (\d+): step \1 committed)");

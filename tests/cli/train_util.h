@@ -12,6 +12,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 
@@ -58,6 +59,17 @@ inline std::map<std::string, std::string> fingerprint(const std::string& checkpo
     out[entry["key"].get<std::string>()] = content.dump();
   }
   return out;
+}
+
+// The highest step the run's metrics.jsonl has logged so far (0: none).
+inline int64_t logged_step(const RunDir& dir) {
+  std::ifstream file(dir.path / "metrics.jsonl");
+  int64_t step = 0;
+  for (std::string line; std::getline(file, line);) {
+    const json record = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (record.is_object() && record.value("event", "") == "step") step = record["step"].get<int64_t>();
+  }
+  return step;
 }
 
 inline std::string step_dir(const RunDir& dir, int step) {

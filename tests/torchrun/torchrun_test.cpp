@@ -162,20 +162,11 @@ TEST(Torchrun, SigtermToTheAgentSavesTheStepAndResumeEndsBitIdentical) {
     return run_command(
         train_under_torchrun(fmt::format("--nproc-per-node 2 --master-port {}", free_port()), preempted, args));
   });
-  const auto logged_step = [&] {
-    std::ifstream file(preempted.path / "metrics.jsonl");
-    int64_t step = 0;
-    for (std::string line; std::getline(file, line);) {
-      const json record = json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (record.is_object() && record.value("event", "") == "step") step = record["step"].get<int64_t>();
-    }
-    return step;
-  };
   bool signalled = false;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
   while (!signalled && job.wait_for(std::chrono::milliseconds(5)) == std::future_status::timeout &&
          std::chrono::steady_clock::now() < deadline) {
-    if (logged_step() < 3) continue;
+    if (logged_step(preempted) < 3) continue;
     const pid_t agent = torchrun_agent(preempted.str());
     signalled = agent > 0 && kill(agent, SIGTERM) == 0;
   }

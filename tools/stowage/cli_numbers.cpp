@@ -62,8 +62,37 @@ CLI::Validator positive_number() {
   return CLI::Validator(detail::positive_number_problem, "POSITIVE");
 }
 
+namespace {
+
+// "<decimal count><unit>" as count × the unit's multiplier (`no_unit` when there is no
+// unit; unit names in upper case when `fold_case`); nullopt for an unknown unit, no
+// digits, or a product past int64.
+template <size_t N>
+std::optional<int64_t> count_in_units(const std::string& input, const std::pair<const char*, int64_t> (&units)[N],
+                                      bool fold_case, int64_t no_unit) {
+  const auto digits_end = std::find_if(input.begin(), input.end(), [](unsigned char c) { return !std::isdigit(c); });
+  std::string unit(digits_end, input.end());
+  if (fold_case) {
+    for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  }
+  int64_t multiplier = unit.empty() ? no_unit : 0;
+  for (const auto& [name, value] : units) {
+    if (unit == name) multiplier = value;
+  }
+  int64_t count = 0;
+  const char* first = input.data();
+  const char* last = input.data() + (digits_end - input.begin());
+  const auto parsed = std::from_chars(first, last, count);
+  if (multiplier == 0 || first == last || parsed.ec != std::errc() ||
+      count > std::numeric_limits<int64_t>::max() / multiplier) {
+    return std::nullopt;
+  }
+  return count * multiplier;
+}
+
+}  // namespace
+
 std::optional<int64_t> parse_byte_size(const std::string& input) {
-  // Upper case: units are read in any case, as huggingface_hub reads "5gb".
   static const std::pair<const char*, int64_t> kUnits[] = {{"KIB", int64_t(1) << 10},
                                                            {"MIB", int64_t(1) << 20},
                                                            {"GIB", int64_t(1) << 30},
@@ -73,22 +102,10 @@ std::optional<int64_t> parse_byte_size(const std::string& input) {
                                                            {"GB", 1'000'000'000},
                                                            {"TB", 1'000'000'000'000},
                                                            {"B", 1}};
-  const auto digits_end = std::find_if(input.begin(), input.end(), [](unsigned char c) { return !std::isdigit(c); });
-  std::string unit(digits_end, input.end());
-  for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  int64_t multiplier = unit.empty() ? 1 : 0;
-  for (const auto& [name, bytes] : kUnits) {
-    if (unit == name) multiplier = bytes;
-  }
-  int64_t count = 0;
-  const char* first = input.data();
-  const char* last = input.data() + (digits_end - input.begin());
-  const auto parsed = std::from_chars(first, last, count);
-  if (multiplier == 0 || first == last || parsed.ec != std::errc() || count == 0 ||
-      count > std::numeric_limits<int64_t>::max() / multiplier) {
-    return std::nullopt;
-  }
-  return count * multiplier;
+  // Units are read in any case, as huggingface_hub reads "5gb".
+  const std::optional<int64_t> bytes = count_in_units(input, kUnits, /*fold_case=*/true, /*no_unit=*/1);
+  if (bytes == 0) return std::nullopt;
+  return bytes;
 }
 
 CLI::Validator byte_size() {
@@ -102,21 +119,9 @@ CLI::Validator byte_size() {
 
 std::optional<std::chrono::milliseconds> parse_duration(const std::string& input) {
   static const std::pair<const char*, int64_t> kUnits[] = {{"ms", 1}, {"s", 1'000}, {"m", 60'000}, {"h", 3'600'000}};
-  const auto digits_end = std::find_if(input.begin(), input.end(), [](unsigned char c) { return !std::isdigit(c); });
-  const std::string unit(digits_end, input.end());
-  int64_t multiplier = unit.empty() ? 1'000 : 0;
-  for (const auto& [name, milliseconds] : kUnits) {
-    if (unit == name) multiplier = milliseconds;
-  }
-  int64_t count = 0;
-  const char* first = input.data();
-  const char* last = input.data() + (digits_end - input.begin());
-  const auto parsed = std::from_chars(first, last, count);
-  if (multiplier == 0 || first == last || parsed.ec != std::errc() ||
-      count > std::numeric_limits<int64_t>::max() / multiplier) {
-    return std::nullopt;
-  }
-  return std::chrono::milliseconds(count * multiplier);
+  const std::optional<int64_t> milliseconds = count_in_units(input, kUnits, /*fold_case=*/false, /*no_unit=*/1'000);
+  if (!milliseconds) return std::nullopt;
+  return std::chrono::milliseconds(*milliseconds);
 }
 
 CLI::Validator duration() {
