@@ -2,6 +2,7 @@
 // Usage: bench_activation [--json]
 
 #include "activation_bench.h"
+#include "emit.h"
 
 #include <fmt/format.h>
 
@@ -12,7 +13,7 @@ int main(int argc, char** argv) {
   const bool json = argc > 1 && std::strcmp(argv[1], "--json") == 0;
   try {
     const auto result = stowage::bench::run_activation_bench({});
-    fmt::print("{}\n", json ? stowage::bench::to_json(result).dump(2) : stowage::bench::to_text(result));
+    stowage::bench::print_result(stowage::bench::to_json(result), stowage::bench::to_text(result), json);
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench_activation: {}\n", e.what());
     return 1;

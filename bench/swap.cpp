@@ -1,5 +1,6 @@
 // bench_swap [--json] [--params N]: the same benchmark as `stowage bench swap`.
 
+#include <emit.h>
 #include <swap_bench.h>
 
 #include <fmt/format.h>
@@ -21,6 +22,6 @@ int main(int argc, char** argv) {
     }
   }
   const auto result = stowage::bench::run_swap_bench(options);
-  fmt::print("{}\n", json ? to_json(result).dump(2) : to_text(result));
+  stowage::bench::print_result(to_json(result), to_text(result), json);
   return 0;
 }

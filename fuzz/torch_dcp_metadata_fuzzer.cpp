@@ -1,10 +1,10 @@
 // libFuzzer target: PyTorch DCP's .metadata, through the restricted unpickler and the
-// conversion to stowage's Metadata (src/dcp/torch_dcp_metadata.h). Any input either
+// conversion to stowage's Metadata (src/interop/torch_dcp_metadata.h). Any input either
 // fails with stowage::Error or decodes to metadata whose tensors are tiled by their
 // chunks and whose data file names are plain names.
 
-#include "dcp/internal.h"
-#include "dcp/torch_dcp_metadata.h"
+#include "dcp/format/checks.h"
+#include "interop/torch_dcp_metadata.h"
 
 #include <stowage/dcp/metadata.h>
 #include <stowage/error.h>

@@ -2,7 +2,7 @@
 # Builds test suites with sanitizers in their own build dir and runs them:
 #   bash scripts/sanitize.sh [SUITE...]
 # STOWAGE_SANITIZE picks the sanitizers: address,undefined (default; build-asan; suites
-# dcp state memory optim reliability activation) or thread (TSan; build-tsan; the suites
+# dcp interop state memory optim reliability activation) or thread (TSan; build-tsan; the suites
 # with threads of their own: memory for the copy engine, dcp for writer threads and
 # async stagers, optim for the swap optimizer's pipeline). STOWAGE_SANITIZE_MODULES
 # limits the library to the modules those suites need (e.g. "dcp;dist;state;memory"), which
@@ -14,7 +14,7 @@ sanitizers=${STOWAGE_SANITIZE:-address,undefined}
 if [ "$sanitizers" = thread ]; then
   default_dir=$root/build-tsan default_suites=(memory dcp optim)
 else
-  default_dir=$root/build-asan default_suites=(dcp state memory optim reliability activation)
+  default_dir=$root/build-asan default_suites=(dcp interop state memory optim reliability activation)
 fi
 build=${STOWAGE_SANITIZE_BUILD_DIR:-$default_dir}
 suites=("$@")

@@ -13,6 +13,7 @@ packages=(
   clang-format-14  # scripts/format.sh
   clang-tidy-14  # scripts/tidy.sh
   liburing-dev  # the swap optimizer's disk tier (src/optim/swap_file_io.cpp)
+  python3-matplotlib  # the benchmark report's charts (bench/report/plot_report.py)
   chromium  # the benchmark report's browser test (tests/cli/report_test.cpp)
 )
 # The fuzzers of the reliability passes (scripts/fuzz.sh: libFuzzer, ASan, UBSan), unless

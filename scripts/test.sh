@@ -4,7 +4,7 @@
 # ctest; then, unless ctest arguments were given or STOWAGE_TEST_EXTRA=0, the reliability
 # passes (docs/reliability.md) on Debian's: the format check (scripts/format.sh), the
 # tidy check (scripts/tidy.sh: clang-tidy-14 over the whole tree), the ASan + UBSan
-# build of the dcp, reliability, activation and optim suites, and bounded fuzzing.
+# build of the dcp, interop, reliability, activation and optim suites, and bounded fuzzing.
 # STOWAGE_LIBTORCH=debian or =wheel tests on that one only.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,6 +22,6 @@ done
 if [ $# -eq 0 ] && [ "${STOWAGE_TEST_EXTRA:-1}" != 0 ] && [[ " ${libtorchs[*]} " == *" debian "* ]]; then
   bash "$root/scripts/format.sh" --check
   bash "$root/scripts/tidy.sh"
-  bash "$root/scripts/sanitize.sh" dcp reliability activation optim
+  bash "$root/scripts/sanitize.sh" dcp interop reliability activation optim
   bash "$root/scripts/fuzz.sh" 30
 fi

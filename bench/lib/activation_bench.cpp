@@ -1,6 +1,7 @@
 #include "activation_bench.h"
 
 #include "bench_util.h"
+#include "emit.h"
 #include "python_peer.h"
 
 #include <stowage/activation/sequential.h>
@@ -16,6 +17,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <utility>
 
 #include <malloc.h>
 
@@ -288,25 +290,95 @@ ActivationBenchResult run_activation_bench(const ActivationBenchConfig& config) 
   return result;
 }
 
-nlohmann::json to_json(const ActivationBenchResult& result) {
-  const bool peer = result.config.peer;
-  nlohmann::json runs = nlohmann::json::array();
+namespace {
+
+double mib(int64_t bytes) {
+  return static_cast<double>(bytes) / (1 << 20);
+}
+
+// A row of the first table: a configuration's step time and peak, each over the plain run's;
+// `row` holds its segments cell.
+Row step_and_peak(const ActivationBenchResult& result, Row row, double step_s, int64_t peak_bytes) {
+  const int64_t base = result.params_and_grads_bytes;
+  row.field("step_s", step_s, "{:.3f}")
+      .text("x plain", fmt::format("{:.2f}", step_s / result.plain_step_s))
+      .json("peak_bytes", peak_bytes)
+      .text("peak MiB", fmt::format("{:.1f}", mib(peak_bytes)))
+      .text("activations MiB", fmt::format("{:.1f}", mib(peak_bytes - base)))
+      .text("x plain", fmt::format("{:.3f}", over(peak_bytes - base, result.plain_peak_bytes - base)));
+  return row;
+}
+
+// The runs' JSON: the first table's fields, and with a peer PyTorch's figures and stowage's over them.
+Table runs_table(const ActivationBenchResult& result) {
+  Table table;
   for (const ActivationRun& run : result.runs) {
-    nlohmann::json item = {{"segments", run.segments}, {"step_s", run.step_s}, {"peak_bytes", run.peak_bytes}};
-    if (peer) {
-      item["compared_peak_bytes"] = run.compared_peak_bytes;
-      item["pytorch_step_s"] = run.pytorch.step_s;
-      item["pytorch_peak_bytes"] = run.pytorch.peak_bytes;
-      item["pytorch_nonreentrant_step_s"] = run.pytorch_nonreentrant.step_s;
-      item["pytorch_nonreentrant_peak_bytes"] = run.pytorch_nonreentrant.peak_bytes;
-      item["step_over_pytorch"] = over(run.step_s, run.pytorch.step_s);
-      item["step_over_pytorch_nonreentrant"] = over(run.step_s, run.pytorch_nonreentrant.step_s);
-      item["peak_over_pytorch"] = over(run.compared_peak_bytes, run.pytorch.peak_bytes);
-      item["peak_over_pytorch_nonreentrant"] = over(run.compared_peak_bytes, run.pytorch_nonreentrant.peak_bytes);
-      item["pytorch_target_met"] = run.pytorch_target_met();
+    Row row = step_and_peak(result, Row().field("segments", run.segments), run.step_s, run.peak_bytes);
+    if (result.config.peer) {
+      row.json("compared_peak_bytes", run.compared_peak_bytes)
+          .json("pytorch_step_s", run.pytorch.step_s)
+          .json("pytorch_peak_bytes", run.pytorch.peak_bytes)
+          .json("pytorch_nonreentrant_step_s", run.pytorch_nonreentrant.step_s)
+          .json("pytorch_nonreentrant_peak_bytes", run.pytorch_nonreentrant.peak_bytes)
+          .json("step_over_pytorch", over(run.step_s, run.pytorch.step_s))
+          .json("step_over_pytorch_nonreentrant", over(run.step_s, run.pytorch_nonreentrant.step_s))
+          .json("peak_over_pytorch", over(run.compared_peak_bytes, run.pytorch.peak_bytes))
+          .json("peak_over_pytorch_nonreentrant", over(run.compared_peak_bytes, run.pytorch_nonreentrant.peak_bytes))
+          .json("pytorch_target_met", run.pytorch_target_met());
     }
-    runs.push_back(item);
+    table.add(std::move(row));
   }
+  return table;
+}
+
+// The plain run, then a row a run; the plain run's JSON is the result's plain_* keys.
+Table steps_table(const ActivationBenchResult& result) {
+  Table table;
+  table.add(step_and_peak(result, Row().text("segments", "plain"), result.plain_step_s, result.plain_peak_bytes));
+  for (const ActivationRun& run : result.runs) {
+    table.add(step_and_peak(result, Row().field("segments", run.segments), run.step_s, run.peak_bytes));
+  }
+  return table;
+}
+
+// Against PyTorch, reentrant (pt) and not (nr); the plain run has no non-reentrant variant.
+Table peer_table(const ActivationBenchResult& result) {
+  const auto row = [](Row row, double step_s, int64_t peak, const PytorchFigures& pytorch,
+                      const PytorchFigures* nonreentrant) {
+    const double slowest_ratio =
+        std::max(over(step_s, pytorch.step_s), nonreentrant ? over(step_s, nonreentrant->step_s) : 0.0);
+    const double largest_ratio =
+        std::max(over(peak, pytorch.peak_bytes), nonreentrant ? over(peak, nonreentrant->peak_bytes) : 0.0);
+    row.text("step_s", fmt::format("{:.3f}", step_s)).text("pt step_s", fmt::format("{:.3f}", pytorch.step_s));
+    if (nonreentrant) {
+      row.text("pt-nr step", fmt::format("{:.3f}", nonreentrant->step_s));
+    } else {
+      row.missing("pt-nr step");
+    }
+    row.text("x pt/nr", fmt::format("{:.2f}", slowest_ratio))
+        .text("peak MiB", fmt::format("{:.1f}", mib(peak)))
+        .text("pt MiB", fmt::format("{:.1f}", mib(pytorch.peak_bytes)));
+    if (nonreentrant) {
+      row.text("pt-nr MiB", fmt::format("{:.1f}", mib(nonreentrant->peak_bytes)));
+    } else {
+      row.missing("pt-nr MiB");
+    }
+    row.text("x pt/nr", fmt::format("{:.2f}", largest_ratio));
+    return row;
+  };
+  Table table;
+  table.add(row(Row().text("segments", "plain"), result.plain_step_s, result.plain_compared_peak_bytes,
+                result.pytorch_plain, nullptr));
+  for (const ActivationRun& run : result.runs) {
+    table.add(row(Row().field("segments", run.segments), run.step_s, run.compared_peak_bytes, run.pytorch,
+                  &run.pytorch_nonreentrant));
+  }
+  return table;
+}
+
+}  // namespace
+
+nlohmann::json to_json(const ActivationBenchResult& result) {
   nlohmann::json out = {
       {"device", result.config.device.str()},
       {"blocks", result.config.blocks},
@@ -317,14 +389,14 @@ nlohmann::json to_json(const ActivationBenchResult& result) {
       {"params_and_grads", result.params_and_grads_bytes},
       {"plain_step_s", result.plain_step_s},
       {"plain_peak_bytes", result.plain_peak_bytes},
-      {"runs", runs},
+      {"runs", runs_table(result).json()},
       {"sqrt_segments", result.sqrt_segments},
       {"activation_ratio", result.activation_ratio()},
       {"step_ratio", result.step_ratio()},
       {"memory_target_met", result.memory_target_met()},
       {"time_target_met", result.time_target_met()},
   };
-  if (peer) {
+  if (result.config.peer) {
     out["pytorch_version"] = result.pytorch_version;
     out["threads"] = result.threads;
     out["peak_measure"] = result.peak_measure;
@@ -339,26 +411,15 @@ nlohmann::json to_json(const ActivationBenchResult& result) {
 }
 
 std::string to_text(const ActivationBenchResult& result) {
-  const auto mib = [](int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
-  const int64_t base = result.params_and_grads_bytes;
   std::string text =
       fmt::format("MLP of {} blocks (Linear {}x{} + GELU), batch {}, median of {} steps; params+grads {:.1f} MiB\n",
                   result.config.blocks, result.config.width, result.config.width, result.config.batch,
-                  result.config.repetitions, mib(base));
-  text += fmt::format("{:>10} {:>10} {:>8} {:>12} {:>16} {:>10}\n", "segments", "step_s", "x plain", "peak MiB",
-                      "activations MiB", "x plain");
-  text += fmt::format("{:>10} {:>10.3f} {:>8.2f} {:>12.1f} {:>16.1f} {:>10.3f}\n", "plain", result.plain_step_s, 1.0,
-                      mib(result.plain_peak_bytes), mib(result.plain_peak_bytes - base), 1.0);
-  for (const ActivationRun& run : result.runs) {
-    text +=
-        fmt::format("{:>10} {:>10.3f} {:>8.2f} {:>12.1f} {:>16.1f} {:>10.3f}\n", run.segments, run.step_s,
-                    run.step_s / result.plain_step_s, mib(run.peak_bytes), mib(run.peak_bytes - base),
-                    static_cast<double>(run.peak_bytes - base) / static_cast<double>(result.plain_peak_bytes - base));
-  }
+                  result.config.repetitions, mib(result.params_and_grads_bytes));
+  text += steps_table(result).text();
   text += fmt::format(
       "targets at {} segments: activations {:.3f} of plain (<= 0.333: {}), step {:.2f}x plain (<= 1.4: {})\n",
-      result.sqrt_segments, result.activation_ratio(), result.memory_target_met() ? "met" : "NOT met",
-      result.step_ratio(), result.time_target_met() ? "met" : "NOT met");
+      result.sqrt_segments, result.activation_ratio(), met_text(result.memory_target_met()), result.step_ratio(),
+      met_text(result.time_target_met()));
   if (!result.config.peer) {
     return text;
   }
@@ -367,27 +428,10 @@ std::string to_text(const ActivationBenchResult& result) {
       "rounds apart from the timed steps; x pt/nr: stowage's over PyTorch's, the larger of reentrant (pt) and "
       "non-reentrant (nr)\n",
       result.pytorch_version, result.threads, result.peak_measure);
-  text += fmt::format("{:>10} {:>10} {:>10} {:>10} {:>9} {:>10} {:>10} {:>10} {:>9}\n", "segments", "step_s",
-                      "pt step_s", "pt-nr step", "x pt/nr", "peak MiB", "pt MiB", "pt-nr MiB", "x pt/nr");
-  const auto row = [&](const std::string& name, double step_s, int64_t peak, const PytorchFigures& pytorch,
-                       const PytorchFigures* nonreentrant) {
-    const double slowest_ratio =
-        std::max(over(step_s, pytorch.step_s), nonreentrant ? over(step_s, nonreentrant->step_s) : 0.0);
-    const double largest_ratio =
-        std::max(over(peak, pytorch.peak_bytes), nonreentrant ? over(peak, nonreentrant->peak_bytes) : 0.0);
-    return fmt::format("{:>10} {:>10.3f} {:>10.3f} {:>10} {:>9.2f} {:>10.1f} {:>10.1f} {:>10} {:>9.2f}\n", name, step_s,
-                       pytorch.step_s, nonreentrant ? fmt::format("{:.3f}", nonreentrant->step_s) : "-", slowest_ratio,
-                       mib(peak), mib(pytorch.peak_bytes),
-                       nonreentrant ? fmt::format("{:.1f}", mib(nonreentrant->peak_bytes)) : "-", largest_ratio);
-  };
-  text += row("plain", result.plain_step_s, result.plain_compared_peak_bytes, result.pytorch_plain, nullptr);
-  for (const ActivationRun& run : result.runs) {
-    text +=
-        row(std::to_string(run.segments), run.step_s, run.compared_peak_bytes, run.pytorch, &run.pytorch_nonreentrant);
-  }
+  text += peer_table(result).text();
   text += fmt::format(
       "target: checkpointing step and peak at most PyTorch's (reentrant and not) at every segment count: {}\n",
-      result.pytorch_target_met() ? "met" : "NOT met");
+      met_text(result.pytorch_target_met()));
   return text;
 }
 

@@ -36,7 +36,11 @@ double measure_step(torch::nn::Sequential& model, const at::Tensor& input, const
                     dist::GradientReducerOptions().bucket_cap_mb(config.bucket_cap_mb).overlap(mode == Mode::kOverlap));
   }
   const auto step = [&] {
-    model->zero_grad();
+    if (reducer) {
+      reducer->zero_grad();  // in place: the gradients are views of its buckets
+    } else {
+      model->zero_grad();
+    }
     model->forward(input).pow(2).mean().backward();
     if (reducer) reducer->synchronize();
   };

@@ -3,8 +3,8 @@
 #include "bench_util.h"
 
 #include <stowage/dcp/dcp.h>
-#include <stowage/dcp/safetensors.h>
 #include <stowage/error.h>
+#include <stowage/interop/safetensors.h>
 #include <stowage/memory/accounting.h>
 
 #include <fmt/format.h>

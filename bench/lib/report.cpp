@@ -5,18 +5,20 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
-#include <ctime>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
-#include <sstream>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
+
+#include <unistd.h>
 
 namespace stowage::bench {
 namespace {
@@ -353,328 +355,49 @@ json timeline_chart(const json& timeline) {
       {"series", series}};
 }
 
-// ---- SVG ------------------------------------------------------------------------------
+// ---- The page: drawn by bench/report/plot_report.py ------------------------------------
 
-std::string xml_escape(const std::string& text) {
-  std::string out;
-  for (const char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
+// Debian's python3, whose matplotlib (python3-matplotlib) draws the page; not the torch
+// wheel's environment, which has none.
+constexpr const char* kSystemPython = "/usr/bin/python3";
 
-// The colour of a bar's role, or of a curve by its position.
-std::string role_colour(const std::string& role) {
-  if (role == "stowage") return "#1f77b4";
-  if (role == "pytorch") return "#ff7f0e";
-  if (role == "libtorch") return "#8c8c8c";
-  return "#d62728";
-}
-const char* const kCurveColours[] = {"#8c8c8c", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e"};
-
-// A step of 1, 2 or 5 x 10^k giving about five ticks up to `top`.
-double tick_step(double top) {
-  const double rough = top / 5;
-  const double power = std::pow(10.0, std::floor(std::log10(rough)));
-  for (const double m : {1.0, 2.0, 5.0}) {
-    if (m * power >= rough) return m * power;
-  }
-  return 10 * power;
-}
-
-// The frame of a chart: plot area inside the SVG, in pixels.
-struct ChartFrame {
-  double left = 64, top = 40, width = 560, height = 220;
-  double bottom() const { return top + height; }
-};
-
-// Y gridlines, tick labels and the axis title; returns the axis's top value.
-double y_axis(std::string& svg, const ChartFrame& f, double max_value, const std::string& unit) {
-  const double step = tick_step(max_value > 0 ? max_value * 1.1 : 1);
-  const double top = std::max(step, std::ceil(max_value * 1.1 / step) * step);
-  const int ticks = static_cast<int>(std::lround(top / step));
-  for (int i = 0; i <= ticks; ++i) {
-    const double v = step * i;
-    const double y = f.bottom() - v / top * f.height;
-    svg += fmt::format(R"(<line x1="{}" x2="{}" y1="{:.1f}" y2="{:.1f}" stroke="#e0e0e0"/>)", f.left, f.left + f.width,
-                       y, y);
-    svg += fmt::format(R"(<text x="{}" y="{:.1f}" text-anchor="end" font-size="11">{:g}</text>)", f.left - 6, y + 4, v);
-  }
-  svg += fmt::format(
-      R"svg(<text transform="translate(14,{:.1f}) rotate(-90)" text-anchor="middle" font-size="12">{}</text>)svg",
-      f.top + f.height / 2, xml_escape(unit));
-  svg += fmt::format(R"(<line x1="{0}" x2="{0}" y1="{1}" y2="{2}" stroke="#333"/>)", f.left, f.top, f.bottom());
-  svg +=
-      fmt::format(R"(<line x1="{0}" x2="{1}" y1="{2}" y2="{2}" stroke="#333"/>)", f.left, f.left + f.width, f.bottom());
-  return top;
-}
-
-// The legend along the top, from `x`: (colour, label, dashed line instead of a box);
-// `stacked`: one item a row.
-std::string svg_legend(const std::vector<std::tuple<std::string, std::string, bool>>& items, double x,
-                       bool stacked = false) {
-  std::string svg;
-  double y = 14;
-  for (const auto& [fill, label, dashed] : items) {
-    svg += dashed ? fmt::format(R"(<line x1="{0}" x2="{1}" y1="{2}" y2="{2}" stroke="{3}" stroke-width="2" )"
-                                R"(stroke-dasharray="5,3"/>)",
-                                x, x + 16, y, fill)
-                  : fmt::format(R"(<rect x="{}" y="{}" width="12" height="12" fill="{}"/>)", x, y - 6, fill);
-    svg += fmt::format(R"(<text x="{}" y="{}" font-size="11">{}</text>)", x + 20, y + 4, xml_escape(label));
-    if (stacked) {
-      y += 16;
-    } else {
-      x += 28 + 6.2 * static_cast<double>(label.size());
-    }
-  }
-  return svg;
-}
-
-std::string svg_open(const json& chart, double width, double height) {
-  return fmt::format(R"(<svg id="{}" class="chart" xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" )"
-                     R"(viewBox="0 0 {} {}" font-family="sans-serif">)",
-                     chart["id"].get<std::string>(), width, height, width, height);
-}
-
-// The legend entries of a bars chart: the roles present, then each limit's label.
-std::vector<std::tuple<std::string, std::string, bool>> bars_legend(const json& chart) {
-  const std::vector<std::pair<std::string, std::string>> roles{
-      {"stowage", "stowage"}, {"pytorch", "PyTorch (Python)"}, {"libtorch", "LibTorch / unwrapped"}};
-  std::vector<std::tuple<std::string, std::string, bool>> items;
-  for (const auto& [role, name] : roles) {
-    bool present = false;
-    for (const json& group : chart["groups"]) {
-      for (const json& bar : group["bars"]) present = present || bar["role"] == role;
-    }
-    if (present) items.emplace_back(role_colour(role), name, false);
-  }
-  std::set<std::string> limits;
-  for (const json& group : chart["groups"]) {
-    if (group.contains("limit")) limits.insert(group["limit"]["label"].get<std::string>());
-  }
-  for (const std::string& label : limits) items.emplace_back(role_colour("limit"), label, true);
-  return items;
-}
-
-// A bar's label under it, a word a line, so that the labels of bars side by side stay
-// apart ("PyTorch DCP" beside "torch::save").
-std::string label_under(double x, double y, const std::string& label) {
-  std::string svg = fmt::format(R"(<text x="{:.1f}" y="{:.1f}" text-anchor="middle" font-size="9" fill="#555">)", x, y);
-  std::istringstream words(label);
-  bool first = true;
-  for (std::string word; words >> word; first = false) {
-    svg += fmt::format(R"(<tspan x="{:.1f}" dy="{}">{}</tspan>)", x, first ? 0 : 10, xml_escape(word));
-  }
-  return svg + "</text>";
-}
-
-// Draws a bars chart; returns the SVG and sets chart["marks"].
-std::string bars_svg(json& chart) {
-  ChartFrame f;
-  const double max_value = bars_max(chart);
-  std::string svg = svg_open(chart, f.left + f.width + 16, f.bottom() + 56);
-  svg += svg_legend(bars_legend(chart), f.left);
-  const double top = y_axis(svg, f, max_value, chart["unit"].get<std::string>());
-  const double slot = f.width / static_cast<double>(chart["groups"].size());
-  int marks = 0;
-  for (size_t g = 0; g < chart["groups"].size(); ++g) {
-    const json& group = chart["groups"][g];
-    const double bar_width = std::min(60.0, (slot - 24) / static_cast<double>(group["bars"].size()));
-    double x =
-        f.left + slot * static_cast<double>(g) + (slot - bar_width * static_cast<double>(group["bars"].size())) / 2;
-    const double group_left = x;
-    for (const json& bar : group["bars"]) {
-      const double value = bar["value"].get<double>();
-      const double h = std::max(0.5, value / top * f.height);
-      svg += fmt::format(R"(<rect class="mark" x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{:.1f}" fill="{}">)"
-                         R"(<title>{}: {:.4g} {}</title></rect>)",
-                         x + 2, f.bottom() - h, bar_width - 4, h, role_colour(bar["role"]), xml_escape(bar["label"]),
-                         value, xml_escape(chart["unit"]));
-      svg += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" text-anchor="middle" font-size="10">{:.3g}</text>)",
-                         x + bar_width / 2, f.bottom() - h - 3, value);
-      svg += label_under(x + bar_width / 2, f.bottom() + 13, bar["label"]);
-      x += bar_width;
-      ++marks;
-    }
-    if (group.contains("limit")) {
-      const double y = f.bottom() - group["limit"]["value"].get<double>() / top * f.height;
-      svg += fmt::format(R"(<line class="mark" x1="{:.1f}" x2="{:.1f}" y1="{:.1f}" y2="{:.1f}" stroke="{}" )"
-                         R"(stroke-width="2" stroke-dasharray="6,3"><title>{}: {:.4g} {}</title></line>)",
-                         group_left - 8, x + 8, y, y, role_colour("limit"), xml_escape(group["limit"]["label"]),
-                         group["limit"]["value"].get<double>(), xml_escape(chart["unit"]));
-      ++marks;
-    }
-    svg +=
-        fmt::format(R"(<text x="{:.1f}" y="{:.1f}" text-anchor="middle" font-size="12" font-weight="bold">{}</text>)",
-                    f.left + slot * (static_cast<double>(g) + 0.5), f.bottom() + 40, xml_escape(group["label"]));
-  }
-  chart["marks"] = marks;
-  return svg + "</svg>";
-}
-
-// Draws the targets chart: one row per target, its ratio as a bar measured against its
-// own limit (so that every limit lines up at 1x), cut at kTargetsAxis x with the number
-// beside it; returns the SVG and sets chart["marks"].
-constexpr double kTargetsAxis = 3;
-std::string targets_svg(json& chart) {
-  const json& rows = chart["rows"];
-  size_t longest = 0;
-  for (const json& row : rows) longest = std::max(longest, row["label"].get<std::string>().size());
-  const double label_width = 16 + 6.2 * static_cast<double>(longest), plot_width = 330, row_height = 22;
-  const double bottom = 32 + row_height * static_cast<double>(rows.size());
-  std::string svg = svg_open(chart, label_width + plot_width + 110, bottom + 36);
-  svg += svg_legend({{"#2ca02c", "met", false}, {"#d62728", "not met", false}, {"#333", "the target's limit", true}},
-                    label_width);
-  const auto x_of = [&](double relative) {
-    return label_width + std::min(relative, kTargetsAxis) / kTargetsAxis * plot_width;
-  };
-  for (int tick = 0; tick <= static_cast<int>(kTargetsAxis); ++tick) {
-    svg += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" text-anchor="middle" font-size="11">{}x</text>)", x_of(tick),
-                       bottom + 14, tick);
-  }
-  svg += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" text-anchor="middle" font-size="12">measured / the target's )"
-                     R"(limit</text>)",
-                     x_of(kTargetsAxis / 2), bottom + 30);
-  int marks = 0;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const json& row = rows[i];
-    const double y = 32 + row_height * static_cast<double>(i);
-    const double relative = row["relative"].get<double>();
-    svg += fmt::format(R"(<text x="{}" y="{:.1f}" text-anchor="end" font-size="11">{}</text>)", label_width - 8, y + 14,
-                       xml_escape(row["label"]));
-    svg += fmt::format(R"(<rect class="mark" x="{}" y="{:.1f}" width="{:.1f}" height="{}" fill="{}">)"
-                       R"(<title>{:.4g} (target {} {:g})</title></rect>)",
-                       label_width, y + 3, std::max(0.5, x_of(relative) - label_width), row_height - 6,
-                       row["met"].get<bool>() ? "#2ca02c" : "#d62728", row["value"].get<double>(),
-                       xml_escape(row["relation"]), row["limit"].get<double>());
-    svg += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" font-size="10">{:.3g} ({} {:g})</text>)",
-                       std::max(x_of(relative), x_of(1)) + 6, y + 14, row["value"].get<double>(),
-                       xml_escape(row["relation"]), row["limit"].get<double>());
-    ++marks;
-  }
-  svg += fmt::format(R"(<line class="mark" x1="{0:.1f}" x2="{0:.1f}" y1="28" y2="{1:.1f}" stroke="#333" )"
-                     R"(stroke-width="2" stroke-dasharray="4,3"/>)",
-                     x_of(1), bottom);
-  chart["marks"] = marks + 1;
-  return svg + "</svg>";
-}
-
-// Draws a lines chart (x in chart["x_unit"], y in chart["unit"]); sets chart["marks"].
-std::string lines_svg(json& chart) {
-  ChartFrame f;
-  f.top = 20 + 16 * static_cast<double>(chart["series"].size());
-  f.height = 280;
-  double max_x = 0, max_y = 0;
-  for (const json& series : chart["series"]) {
-    for (const json& p : series["points"]) {
-      max_x = std::max(max_x, p[0].get<double>());
-      max_y = std::max(max_y, p[1].get<double>());
-    }
-  }
-  std::string svg = svg_open(chart, f.left + f.width + 16, f.bottom() + 44);
-  std::vector<std::tuple<std::string, std::string, bool>> items;
-  for (size_t i = 0; i < chart["series"].size(); ++i) {
-    items.emplace_back(kCurveColours[i % 5], chart["series"][i]["label"].get<std::string>(), false);
-  }
-  svg += svg_legend(items, f.left, /*stacked=*/true);
-  const double top = y_axis(svg, f, max_y, chart["unit"].get<std::string>());
-  const double x_step = tick_step(max_x > 0 ? max_x : 1);
-  const double right = std::max(x_step, std::ceil(max_x / x_step) * x_step);
-  const int ticks = static_cast<int>(std::lround(right / x_step));
-  for (int i = 0; i <= ticks; ++i) {
-    const double v = x_step * i;
-    svg += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" text-anchor="middle" font-size="11">{:g}</text>)",
-                       f.left + v / right * f.width, f.bottom() + 16, v);
-  }
-  svg += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" text-anchor="middle" font-size="12">time since the step began, )"
-                     R"({}</text>)",
-                     f.left + f.width / 2, f.bottom() + 36, xml_escape(chart["x_unit"]));
-  int marks = 0;
-  for (size_t i = 0; i < chart["series"].size(); ++i) {
-    // Steps, not slopes: a sample is the most bytes allocated since the previous one, so
-    // its value holds over the whole interval before it.
-    std::string points;
-    const json& samples = chart["series"][i]["points"];
-    const auto x = [&](size_t k) { return f.left + samples[k][0].get<double>() / right * f.width; };
-    const auto y = [&](size_t k) { return f.bottom() - samples[k][1].get<double>() / top * f.height; };
-    points += fmt::format("{:.1f},{:.1f} ", x(0), y(0));
-    for (size_t k = 1; k < samples.size(); ++k) {
-      points += fmt::format("{:.1f},{:.1f} {:.1f},{:.1f} ", x(k - 1), y(k), x(k), y(k));
-    }
-    svg += fmt::format(R"(<polyline class="mark" fill="none" stroke="{}" stroke-width="2" points="{}">)"
-                       R"(<title>{}</title></polyline>)",
-                       kCurveColours[i % 5], points, xml_escape(chart["series"][i]["label"]));
-    ++marks;
-  }
-  chart["marks"] = marks;
-  return svg + "</svg>";
-}
-
-// ---- The page -------------------------------------------------------------------------
-
-// Run by the browser once the page is laid out: for each chart, how many of its marks
-// have a nonzero size, written into #chart-check as JSON (the report test reads it).
-constexpr const char* kCheckScript = R"(<script>
-(function () {
-  var result = {};
-  document.querySelectorAll('svg.chart').forEach(function (svg) {
-    var marks = svg.querySelectorAll('.mark'), drawn = 0;
-    marks.forEach(function (mark) {
-      var box = mark.getBBox();
-      var sized = mark.tagName === 'rect' ? box.width > 0 && box.height > 0 : box.width > 0 || box.height > 0;
-      if (sized) drawn++;
-    });
-    var box = svg.getBoundingClientRect();
-    result[svg.id] = {marks: marks.length, drawn: drawn, width: box.width, height: box.height};
-  });
-  document.getElementById('chart-check').textContent = JSON.stringify(result);
-})();
-</script>)";
-
-constexpr const char* kStyle = R"(<style>
-body { font-family: sans-serif; margin: 24px; color: #222; }
-main { display: flex; flex-wrap: wrap; gap: 8px 40px; }
-figure { margin: 0 0 24px 0; max-width: 720px; }
-figcaption { color: #555; font-size: 13px; margin-top: 4px; }
-h2 { margin-top: 32px; border-bottom: 1px solid #ddd; }
-pre { font-size: 11px; color: #777; white-space: pre-wrap; }
-</style>)";
-
-std::string chart_html(json& chart) {
+// How many marks (bars, limit lines, curves) the page must draw of `chart`.
+int marks_of(const json& chart) {
   const std::string kind = chart["kind"];
-  const std::string svg = kind == "bars" ? bars_svg(chart) : kind == "targets" ? targets_svg(chart) : lines_svg(chart);
-  return fmt::format("<figure><h3>{}</h3>{}<figcaption>{}</figcaption></figure>\n", xml_escape(chart["title"]), svg,
-                     xml_escape(chart.value("note", "")));
+  if (kind == "targets") return static_cast<int>(chart["rows"].size()) + 1;  // and the line at 1x
+  if (kind == "lines") return static_cast<int>(chart["series"].size());
+  int marks = 0;
+  for (const json& group : chart["groups"]) {
+    marks += static_cast<int>(group["bars"].size()) + (group.contains("limit") ? 1 : 0);
+  }
+  return marks;
 }
 
-std::string report_page(json& charts) {
-  const std::time_t now = std::time(nullptr);
-  char when[32];
-  std::strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
-  std::string html = fmt::format(
-      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>stowage bench report</title>{}</head>"
-      "<body>\n<h1>stowage bench report</h1>\n<p>{}: every figure of one run of <code>stowage bench</code> beside "
-      "its peer, measured in the same run, and its limit or target. Every number is in report.json.</p>\n",
-      kStyle, when);
-  html += "<main>\n";
-  for (json& chart : charts) html += chart_html(chart);
-  html += "</main>\n<h2>Render check</h2><pre id=\"chart-check\">not run</pre>\n";
-  return html + kCheckScript + "\n</body></html>\n";
+std::string shell_quoted(const std::string& text) {
+  std::string out = "'";
+  for (const char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// Runs the page's script with `argument` (a report directory, or --check); throws Error
+// naming what is missing, or with the script's output when it fails.
+void run_plotter(const std::string& argument) {
+  if (::access(kSystemPython, X_OK) != 0) {
+    throw Error(
+        fmt::format("bench report: {} is missing; the report's charts need Debian's python3 and "
+                    "python3-matplotlib (scripts/setup.sh installs them)",
+                    kSystemPython));
+  }
+  const std::string command =
+      fmt::format("{} {} {} 2>&1", kSystemPython, shell_quoted(STOWAGE_REPORT_SCRIPT), shell_quoted(argument));
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) throw Error(fmt::format("bench report: cannot run {}: {}", kSystemPython, std::strerror(errno)));
+  std::string output;
+  char buffer[4096];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) output.append(buffer, n);
+  const int status = ::pclose(pipe);
+  while (!output.empty() && output.back() == '\n') output.pop_back();
+  if (status != 0) throw Error(output.empty() ? fmt::format("bench report: {} failed", STOWAGE_REPORT_SCRIPT) : output);
 }
 
 void write_report_file(const std::filesystem::path& path, const std::string& text) {
@@ -682,6 +405,15 @@ void write_report_file(const std::filesystem::path& path, const std::string& tex
   out << text;
   out.close();
   if (!out) throw InvalidArgument(fmt::format("bench report: cannot write '{}'", path.string()));
+}
+
+void create_report_dir(const std::string& dir) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error || !std::filesystem::is_directory(dir)) {
+    throw InvalidArgument(fmt::format("bench report: cannot create the directory '{}': {}", dir,
+                                      error ? error.message() : "a file of that name is in the way"));
+  }
 }
 
 }  // namespace
@@ -701,27 +433,23 @@ json report_charts(const json& results) {
   if (results.contains("memory_timeline")) charts.push_back(timeline_chart(results["memory_timeline"]));
   json kept = json::array();
   for (json& chart : charts) {
-    if (!chart.is_null()) kept.push_back(std::move(chart));
+    if (chart.is_null()) continue;
+    chart["marks"] = marks_of(chart);
+    kept.push_back(std::move(chart));
   }
   return kept;
 }
 
 void prepare_report_dir(const std::string& dir) {
-  std::error_code error;
-  std::filesystem::create_directories(dir, error);
-  if (error || !std::filesystem::is_directory(dir)) {
-    throw InvalidArgument(fmt::format("bench report: cannot create the directory '{}': {}", dir,
-                                      error ? error.message() : "a file of that name is in the way"));
-  }
+  create_report_dir(dir);
+  run_plotter("--check");
 }
 
 void write_report(const std::string& dir, const json& results) {
-  prepare_report_dir(dir);
-  json charts = report_charts(results);
-  const std::string html = report_page(charts);  // sets each chart's "marks"
-  write_report_file(std::filesystem::path(dir) / "index.html", html);
+  create_report_dir(dir);
   write_report_file(std::filesystem::path(dir) / "report.json",
-                    json{{"results", results}, {"charts", charts}}.dump(1) + "\n");
+                    json{{"results", results}, {"charts", report_charts(results)}}.dump(1) + "\n");
+  run_plotter(dir);  // reads report.json, writes index.html
 }
 
 }  // namespace stowage::bench

@@ -1,6 +1,7 @@
 #include "swap_bench.h"
 
 #include "bench_util.h"
+#include "emit.h"
 
 #include <stowage/error.h>
 #include <stowage/memory/accounting.h>
@@ -123,21 +124,36 @@ SwapBenchResult run_swap_bench(const SwapBenchOptions& options) {
   return result;
 }
 
-nlohmann::json to_json(const SwapBenchResult& result) {
-  nlohmann::json runs_json = nlohmann::json::array();
+namespace {
+
+// A row a run: its figures, and in the text its ratios against the targets.
+Table runs_table(const SwapBenchResult& result) {
+  Table table;
   for (const SwapRun& run : result.runs) {
-    runs_json.push_back({{"swap_times", run.swap_times},
-                         {"step_s", run.step_s},
-                         {"resident_between_steps_bytes", run.resident_between_steps_bytes},
-                         {"peak_resident_during_step_bytes", run.peak_resident_during_step_bytes}});
+    const double step_ratio = run.step_s / result.plain_step_s;
+    const double peak_ratio = run.peak_resident_during_step_bytes / peak_limit(result, run.swap_times);
+    table.add(Row()
+                  .field("swap_times", run.swap_times)
+                  .field("step_s", run.step_s, "{:.3f}")
+                  .text("step/plain", fmt::format("{:.2f} ({})", step_ratio, met_text(step_ratio <= kStepLimit)))
+                  .field("resident_between_steps_bytes", run.resident_between_steps_bytes, "{}", "between (B)")
+                  .json("peak_resident_during_step_bytes", run.peak_resident_during_step_bytes)
+                  .text("peak (MiB)", fmt::format("{:.1f}", run.peak_resident_during_step_bytes / 1048576.0))
+                  .text("peak/limit", fmt::format("{:.2f} ({})", peak_ratio, met_text(peak_ratio <= 1))));
   }
+  return table;
+}
+
+}  // namespace
+
+nlohmann::json to_json(const SwapBenchResult& result) {
   return {{"params", result.params},
           {"plain_step_s", result.plain_step_s},
           {"plain_state_bytes", result.plain_state_bytes},
           {"copy_bound_s", result.copy_bound_s},
           {"cpu_cache_bytes", result.cpu_cache_bytes},
           {"device", result.device},
-          {"runs", runs_json}};
+          {"runs", runs_table(result).json()}};
 }
 
 std::string to_text(const SwapBenchResult& result) {
@@ -146,16 +162,7 @@ std::string to_text(const SwapBenchResult& result) {
       "MiB); moving that state up and down at once takes {:.3f} s\n",
       result.params, result.device, result.plain_step_s, result.plain_state_bytes / 1048576.0,
       result.cpu_cache_bytes >> 20, result.copy_bound_s);
-  out += fmt::format("{:>10} {:>9} {:>11} {:>14} {:>15} {:>13}\n", "swap_times", "step_s", "step/plain", "between (B)",
-                     "peak (MiB)", "peak/limit");
-  for (const SwapRun& run : result.runs) {
-    const double step_ratio = run.step_s / result.plain_step_s;
-    const double peak_ratio = run.peak_resident_during_step_bytes / peak_limit(result, run.swap_times);
-    out +=
-        fmt::format("{:>10} {:>9.3f} {:>6.2f} ({}) {:>14} {:>15.1f} {:>6.2f} ({})\n", run.swap_times, run.step_s,
-                    step_ratio, step_ratio <= kStepLimit ? "met" : "NOT met", run.resident_between_steps_bytes,
-                    run.peak_resident_during_step_bytes / 1048576.0, peak_ratio, peak_ratio <= 1 ? "met" : "NOT met");
-  }
+  out += runs_table(result).text();
   out += fmt::format(
       "targets: step/plain <= {}, peak <= (2/swap_times + 0.05) x plain state, between = 0 (all "
       "states swappable)\n",

@@ -1,6 +1,7 @@
 #include "swap_disk_bench.h"
 
 #include "bench_util.h"
+#include "emit.h"
 
 #include <stowage/error.h>
 #include <stowage/memory/accounting.h>
@@ -125,17 +126,33 @@ SwapDiskBenchResult run_swap_disk_bench(const SwapDiskBenchOptions& options) {
   return result;
 }
 
-nlohmann::json to_json(const SwapDiskBenchResult& result) {
-  nlohmann::json runs = nlohmann::json::array();
+namespace {
+
+// A row a run: its figures and the targets', which the text shows as ratios.
+Table runs_table(const SwapDiskBenchResult& result) {
+  Table table;
   for (const SwapDiskRun& run : result.runs) {
-    runs.push_back({{"swap_times", run.swap_times},
-                    {"step_s", run.step_s},
-                    {"peak_host_tier_bytes", run.peak_host_tier_bytes},
-                    {"resident_between_steps_bytes", run.resident_between_steps_bytes},
-                    {"step_vs_raw_read_write", run.step_s / result.raw_read_write_s},
-                    {"step_target_met", run.step_s <= kDiskStepLimit * result.raw_read_write_s},
-                    {"host_budget_target_met", run.peak_host_tier_bytes <= kBudgetSlack * result.host_budget_bytes}});
+    const double ratio = run.step_s / result.raw_read_write_s;
+    const bool step_met = run.step_s <= kDiskStepLimit * result.raw_read_write_s;
+    const bool budget_met = run.peak_host_tier_bytes <= kBudgetSlack * result.host_budget_bytes;
+    table.add(Row()
+                  .field("swap_times", run.swap_times)
+                  .field("step_s", run.step_s, "{:.3f}")
+                  .json("step_vs_raw_read_write", ratio)
+                  .json("step_target_met", step_met)
+                  .text("step/raw io", fmt::format("{:.2f} ({})", ratio, step_met ? "met" : "NOT"))
+                  .json("peak_host_tier_bytes", run.peak_host_tier_bytes)
+                  .json("host_budget_target_met", budget_met)
+                  .text("host tier (MiB)",
+                        fmt::format("{:.1f} ({})", run.peak_host_tier_bytes / 1048576.0, budget_met ? "met" : "NOT"))
+                  .field("resident_between_steps_bytes", run.resident_between_steps_bytes, "{}", "between (B)"));
   }
+  return table;
+}
+
+}  // namespace
+
+nlohmann::json to_json(const SwapDiskBenchResult& result) {
   return {{"tier", "disk"},
           {"device", result.device},
           {"dir", result.dir},
@@ -145,7 +162,7 @@ nlohmann::json to_json(const SwapDiskBenchResult& result) {
           {"direct_io", result.direct_io},
           {"raw_read_write_s", result.raw_read_write_s},
           {"plain_step_s", result.plain_step_s},
-          {"runs", runs}};
+          {"runs", runs_table(result).json()}};
 }
 
 std::string to_text(const SwapDiskBenchResult& result) {
@@ -155,15 +172,7 @@ std::string to_text(const SwapDiskBenchResult& result) {
       result.state_bytes / 1048576.0, result.device, result.dir, result.io_path,
       result.direct_io ? " (O_DIRECT)" : " (page cache)", result.host_budget_bytes / 1048576.0, result.plain_step_s,
       result.raw_read_write_s);
-  out += fmt::format("{:>10} {:>9} {:>16} {:>20} {:>14}\n", "swap_times", "step_s", "step/raw io", "host tier (MiB)",
-                     "between (B)");
-  for (const SwapDiskRun& run : result.runs) {
-    const double ratio = run.step_s / result.raw_read_write_s;
-    out += fmt::format("{:>10} {:>9.3f} {:>8.2f} ({:>3}) {:>11.1f} ({:>3}) {:>14}\n", run.swap_times, run.step_s, ratio,
-                       ratio <= kDiskStepLimit ? "met" : "NOT", run.peak_host_tier_bytes / 1048576.0,
-                       run.peak_host_tier_bytes <= kBudgetSlack * result.host_budget_bytes ? "met" : "NOT",
-                       run.resident_between_steps_bytes);
-  }
+  out += runs_table(result).text();
   out += fmt::format("targets: step <= {} x raw write + read; host tier <= budget + 5%; between = 0\n", kDiskStepLimit);
   return out;
 }

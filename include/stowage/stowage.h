@@ -3,6 +3,7 @@
 // The umbrella header: everything stowage offers.
 
 #include <stowage/activation/checkpoint.h>
+#include <stowage/activation/policy.h>
 #include <stowage/activation/sequential.h>
 #include <stowage/activation/tensor_like.h>
 #include <stowage/build_info.h>
@@ -10,7 +11,11 @@
 #include <stowage/dist/gradient_reducer.h>
 #include <stowage/dist/preemption.h>
 #include <stowage/dist/process_group.h>
+#include <stowage/dist/world.h>
 #include <stowage/error.h>
+#include <stowage/interop/open_checkpoint.h>
+#include <stowage/interop/safetensors.h>
+#include <stowage/interop/torch_dcp_reader.h>
 #include <stowage/memory/accounting.h>
 #include <stowage/memory/copy_engine.h>
 #include <stowage/memory/host_buffer.h>
@@ -25,4 +30,5 @@
 #include <stowage/state/optimizer_layout.h>
 #include <stowage/state/state_dict.h>
 #include <stowage/state/stateful.h>
+#include <stowage/state/training_progress.h>
 #include <stowage/version.h>

@@ -1,6 +1,6 @@
 """The data files of one checkpoint: opened safely, mapped, and read only as verified.
 
-Opening follows the C++ reader (src/dcp/file_io.cpp, filesystem_reader.cpp): a data file
+Opening follows the C++ reader (src/dcp/storage/file_io.cpp, filesystem_reader.cpp): a data file
 must be a regular file, checked before it is opened (opening a FIFO would block, a
 device node could act) and again after (O_NOFOLLOW refuses a symbolic link, O_NONBLOCK
 keeps an object swapped in between from blocking). Every chunk must lie inside its file

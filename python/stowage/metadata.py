@@ -1,7 +1,7 @@
 """Parsing and validation of a checkpoint's .metadata.json (docs/FORMAT.md, versions 1-3).
 
 Everything a load trusts is checked here before a data file is opened, as the C++
-reader does (src/dcp/metadata.cpp): field types, the format version, known dtypes, safe
+reader does (src/dcp/format/metadata.cpp): field types, the format version, known dtypes, safe
 file names, chunks that tile their tensor with lengths that match their boxes, block
 checksum counts, and, last, metadata_xxh3 over the canonical text. A hostile document
 thus can neither name a file outside the checkpoint directory nor make a load allocate

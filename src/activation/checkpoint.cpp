@@ -1,8 +1,10 @@
 #include <stowage/activation/checkpoint.h>
 #include <stowage/activation/tensor_like.h>
+#include <stowage/memory/host_buffer.h>
 
 #include "activation/input_versions.h"
 #include "activation/nested_tensors.h"
+#include "activation/offload.h"
 #include "activation/rng_state.h"
 
 #include <fmt/format.h>
@@ -12,8 +14,10 @@
 #include <torch/csrc/autograd/engine.h>
 
 #include <algorithm>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace stowage::activation {
 namespace {
@@ -55,6 +59,13 @@ struct CheckpointState : torch::CustomClassHolder {
   // Recorded before fn first runs, when autograd records the call (a recomputation
   // will follow); empty under no_grad, where modifying an input is harmless.
   std::optional<InputVersions> versions;
+  // With offload_inputs: the tensor inputs (by their position among the tensors) whose
+  // host copies `offloaded` holds instead of ctx, and the offloaded inputs of the
+  // checkpoint before this one in its chain, which backward prefetches.
+  std::vector<size_t> offloaded_slots;
+  std::shared_ptr<OffloadedInputs> offloaded;
+  std::shared_ptr<OffloadedInputs> earlier;
+  OffloadChain* chain = nullptr;  // during the forward only
   // What the original forward produced: the number of outputs, which of them are
   // tensors, and their metadata, for the determinism check.
   size_t num_outputs = 0;
@@ -85,6 +96,45 @@ class BufferSnapshot {
   std::vector<std::pair<at::Tensor, at::Tensor>> saved_;
 };
 
+// The tensors the recomputation starts from: saved in ctx as they are, or, with
+// offload_inputs, those on a device copied to host memory (ctx saves an undefined tensor
+// in their place). The inputs on other devices than the first one's stay where they are.
+void keep_inputs(AutogradContext* ctx, CheckpointState& state, at::TensorList tensors) {
+  std::vector<at::Tensor> kept = tensors.vec();
+  // `versions` is recorded exactly when autograd records the call: only then will a
+  // backward need the inputs.
+  if (state.options.offload_inputs() && state.versions) {
+    std::vector<at::Tensor> to_offload;
+    for (size_t i = 0; i < kept.size(); ++i) {
+      if (kept[i].is_cpu() || (!to_offload.empty() && kept[i].device() != to_offload.front().device())) continue;
+      to_offload.push_back(kept[i]);
+      state.offloaded_slots.push_back(i);
+      kept[i] = at::Tensor();
+    }
+    if (to_offload.empty()) {
+      TORCH_WARN_ONCE(
+          "checkpoint: offload_inputs does nothing for inputs on the CPU, which are in host memory already");
+    } else {
+      const c10::Device device = to_offload.front().device();
+      if (!memory::can_pin_memory(device.type())) {
+        TORCH_WARN_ONCE("checkpoint: offload_inputs without pinned host memory for ", device.str(),
+                        ": the inputs are copied to pageable memory, which the copies wait for");
+      }
+      OffloadChain* chain = state.chain;
+      std::shared_ptr<memory::CopyEngine> engine =
+          chain != nullptr && chain->engine && chain->engine->device() == device
+              ? chain->engine
+              : std::make_shared<memory::CopyEngine>(device);
+      state.offloaded = std::make_shared<OffloadedInputs>(engine, to_offload);
+      if (chain != nullptr) {
+        chain->engine = engine;
+        state.earlier = std::exchange(chain->last, state.offloaded);
+      }
+    }
+  }
+  ctx->save_for_backward(kept);
+}
+
 // Splits fn's outputs into the differentiable tensors and the rest, rejecting a
 // container that hides a tensor from autograd.
 variable_list tensor_outputs(const std::vector<c10::IValue>& outputs, std::vector<size_t>& slots) {
@@ -106,7 +156,7 @@ variable_list tensor_outputs(const std::vector<c10::IValue>& outputs, std::vecto
 void check_recomputation(const CheckpointState& state, const std::vector<c10::IValue>& outputs,
                          const std::vector<size_t>& slots, const variable_list& tensors) {
   if (outputs.size() != state.num_outputs || slots != state.tensor_output_slots) {
-    throw CheckpointError(fmt::format(
+    throw RecomputationError(fmt::format(
         "checkpoint: the recomputation of fn in backward returned {} outputs with tensors at positions [{}], but "
         "the original forward returned {} outputs with tensors at positions [{}]; fn must return the same kinds "
         "of outputs when run again on the same inputs",
@@ -118,7 +168,7 @@ void check_recomputation(const CheckpointState& state, const std::vector<c10::IV
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TensorMeta recomputed(tensors[i]);
     if (!(recomputed == state.tensor_output_meta[i])) {
-      throw CheckpointError(fmt::format(
+      throw RecomputationError(fmt::format(
           "checkpoint: the recomputation of fn in backward gave output {} {}, but the original forward gave {}; "
           "fn is not deterministic in its output metadata (pass "
           "CheckpointOptions().determinism_check(DeterminismCheck::Off) to skip this check)",
@@ -138,7 +188,6 @@ struct CheckpointNode : torch::autograd::Function<CheckpointNode> {
                                at::TensorList tensors, const at::Tensor& /*anchor*/,
                                std::vector<c10::IValue>* outputs) {
     ctx->set_materialize_grads(false);
-    ctx->save_for_backward(tensors.vec());
     ctx->saved_data["state"] = c10::IValue::make_capsule(state);
 
     std::vector<c10::IValue> inputs = state->inputs;
@@ -152,6 +201,7 @@ struct CheckpointNode : torch::autograd::Function<CheckpointNode> {
     if (state->versions) {
       state->versions->expect_unchanged(InputVersions::Moment::kAfterForward);
     }
+    keep_inputs(ctx, *state, tensors);
     variable_list result = tensor_outputs(*outputs, state->tensor_output_slots);
     state->num_outputs = outputs->size();
     for (const at::Tensor& tensor : result) {
@@ -165,7 +215,7 @@ struct CheckpointNode : torch::autograd::Function<CheckpointNode> {
     // backward restricted to some inputs (autograd::grad, backward's `inputs`) would
     // skip them. The engine reports that restriction here.
     if (!torch::autograd::Engine::get_default_engine().is_checkpoint_valid()) {
-      throw CheckpointError(
+      throw RecomputationError(
           "checkpoint (reentrant) cannot run under torch::autograd::grad() or a backward() given its `inputs` "
           "argument: the recomputation must back-propagate into every parameter fn uses. Call backward() on the "
           "loss without `inputs` and read the gradients from .grad()");
@@ -175,7 +225,7 @@ struct CheckpointNode : torch::autograd::Function<CheckpointNode> {
     // detached input copies, not the caller's inputs: refuse rather than return
     // gradients whose own gradients are silently wrong.
     if (at::GradMode::is_enabled()) {
-      throw CheckpointError(
+      throw RecomputationError(
           "checkpoint (reentrant) cannot compute gradients of gradients: backward was called with "
           "create_graph=true through a checkpoint; run that part of the model without checkpoint");
     }
@@ -185,7 +235,13 @@ struct CheckpointNode : torch::autograd::Function<CheckpointNode> {
     if (state->versions) {
       state->versions->expect_unchanged(InputVersions::Moment::kBeforeRecomputation);
     }
-    const variable_list saved = ctx->get_saved_variables();
+    variable_list saved = ctx->get_saved_variables();
+    if (state->offloaded) {
+      const std::vector<at::Tensor> back = state->offloaded->take();
+      for (size_t i = 0; i < back.size(); ++i) saved[state->offloaded_slots[i]] = back[i];
+      // The inputs of the checkpoint before this one come back while this one recomputes.
+      if (state->earlier) state->earlier->prefetch();
+    }
     // One gradient per argument of forward: state, each tensor, anchor, outputs. Only
     // the tensors' can be defined.
     const size_t num_grads = saved.size() + 3;
@@ -264,6 +320,11 @@ struct CheckpointNode : torch::autograd::Function<CheckpointNode> {
 
 std::vector<c10::IValue> checkpoint(const CheckpointFunction& fn, const std::vector<c10::IValue>& inputs,
                                     const CheckpointOptions& options) {
+  return checkpoint_in_chain(fn, inputs, options, nullptr);
+}
+
+std::vector<c10::IValue> checkpoint_in_chain(const CheckpointFunction& fn, const std::vector<c10::IValue>& inputs,
+                                             const CheckpointOptions& options, OffloadChain* chain) {
   if (!options.use_reentrant()) {
     throw NotImplemented(
         "checkpoint: CheckpointOptions().use_reentrant(false) is not available: the non-reentrant variant needs "
@@ -277,6 +338,7 @@ std::vector<c10::IValue> checkpoint(const CheckpointFunction& fn, const std::vec
   state->fn = fn;
   state->options = options;
   state->inputs = inputs;
+  state->chain = chain;
   variable_list tensors;
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (is_tensor_like(inputs[i])) {
@@ -291,6 +353,7 @@ std::vector<c10::IValue> checkpoint(const CheckpointFunction& fn, const std::vec
   const at::Tensor anchor = at::empty({0}).requires_grad_(true);
   std::vector<c10::IValue> outputs;
   const variable_list differentiable = CheckpointNode::apply(state, at::TensorList(tensors), anchor, &outputs);
+  state->chain = nullptr;
   for (size_t i = 0; i < differentiable.size(); ++i) {
     outputs[state->tensor_output_slots[i]] = differentiable[i];
   }

@@ -33,18 +33,18 @@ void InputVersions::expect_unchanged(Moment moment) const {
                                               : fmt::format("input {} ({})", watched.input, shape);
     switch (moment) {
       case Moment::kAfterForward:
-        throw CheckpointError(fmt::format(
+        throw RecomputationError(fmt::format(
             "checkpoint: fn modified {} in place; the recomputation in backward would run fn on the modified "
             "value and modify it again, giving wrong gradients. Modify a copy inside fn (e.g. clone() it first), "
             "or run fn without checkpoint",
             tensor));
       case Moment::kBeforeRecomputation:
-        throw CheckpointError(
+        throw RecomputationError(
             fmt::format("checkpoint: {} was modified in place after the forward; backward would recompute fn from the "
                         "modified value and give wrong gradients. Modify it only after backward, or modify a copy",
                         tensor));
       case Moment::kAfterRecomputation:
-        throw CheckpointError(fmt::format(
+        throw RecomputationError(fmt::format(
             "checkpoint: fn modified {} in place during the recomputation in backward (it did not in the "
             "forward); the caller's tensor now differs from what the forward saw. fn must not modify its inputs",
             tensor));

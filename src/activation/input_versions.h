@@ -30,7 +30,7 @@ class InputVersions {
   // counter (inference tensors) cannot be modified outside inference mode and are skipped.
   explicit InputVersions(const std::vector<c10::IValue>& inputs);
 
-  // Throws CheckpointError naming the first tensor whose version differs from the one
+  // Throws RecomputationError naming the first tensor whose version differs from the one
   // recorded at construction.
   void expect_unchanged(Moment moment) const;
 

@@ -38,7 +38,7 @@ at::Generator default_generator(c10::Device device) {
   try {
     return at::globalContext().defaultGenerator(device);
   } catch (const c10::Error& e) {
-    throw CheckpointError(
+    throw RecomputationError(
         fmt::format("checkpoint: cannot read the random generator of input device {} to preserve its state ({}); pass "
                     "CheckpointOptions().preserve_rng_state(false) if fn draws no random numbers there",
                     device.str(), e.what_without_backtrace()));

@@ -1,5 +1,8 @@
 #include <stowage/activation/sequential.h>
 
+#include "activation/module_buffers.h"
+#include "activation/offload.h"
+
 #include <fmt/format.h>
 
 namespace stowage::activation {
@@ -28,11 +31,8 @@ class ModuleRun {
 // `options` with the buffers of modules [begin, end) added.
 CheckpointOptions with_buffers_of(const std::vector<torch::nn::AnyModule>& modules, int64_t begin, int64_t end,
                                   CheckpointOptions options) {
-  if (options.keep_recomputed_buffer_updates()) return options;
   for (int64_t i = begin; i < end; ++i) {
-    for (const at::Tensor& buffer : modules[static_cast<size_t>(i)].ptr()->buffers(/*recurse=*/true)) {
-      options.buffers().push_back(buffer);
-    }
+    options = activation::with_buffers_of(*modules[static_cast<size_t>(i)].ptr(), std::move(options));
   }
   return options;
 }
@@ -57,9 +57,15 @@ at::Tensor checkpoint_sequential(const std::vector<torch::nn::AnyModule>& module
   const int64_t per_segment = size / segments;
   const int64_t last_start = per_segment * (segments - 1);
   at::Tensor x = input;
+  OffloadChain chain;  // with offload_inputs, each segment prefetches the one before it in backward
   for (int64_t start = 0; start < last_start; start += per_segment) {
-    x = checkpoint(ModuleRun(modules, start, start + per_segment), x,
-                   with_buffers_of(modules, start, start + per_segment, options));
+    ModuleRun run(modules, start, start + per_segment);
+    x = checkpoint_in_chain(
+            [run](const std::vector<c10::IValue>& in) mutable -> std::vector<c10::IValue> {
+              return {run(in[0].toTensor())};
+            },
+            {x}, with_buffers_of(modules, start, start + per_segment, options), &chain)[0]
+            .toTensor();
   }
   return ModuleRun(modules, last_start, size)(x);
 }

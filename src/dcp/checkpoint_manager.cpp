@@ -2,9 +2,9 @@
 #include <stowage/dcp/metadata.h>
 #include <stowage/error.h>
 
-#include "dcp/internal.h"
-#include "decimal.h"
-#include "exception_message.h"
+#include "util/decimal.h"
+#include "util/error_context.h"
+#include "util/exception_message.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -32,12 +32,15 @@ std::optional<int64_t> step_of(const std::string& name) {
 // Whether a load failed because the checkpoint could not be read (on every rank that
 // failed), rather than because the state dict does not match it.
 bool is_unreadable(const std::exception& error) {
-  if (dynamic_cast<const CorruptionError*>(&error) != nullptr || dynamic_cast<const IoError*>(&error) != nullptr) {
-    return true;
-  }
-  const auto* failed = dynamic_cast<const CheckpointError*>(&error);
+  if (dynamic_cast<const CorruptionError*>(&error) != nullptr) return true;
+  // An IoError on no file (host memory that could not be mapped) says nothing of the checkpoint.
+  if (const auto* io = dynamic_cast<const IoError*>(&error)) return !io->path().empty();
+  const auto* failed = dynamic_cast<const DistributedCheckpointError*>(&error);
   return failed != nullptr && std::all_of(failed->failures().begin(), failed->failures().end(), [](const auto& item) {
-           return item.second.kind == RankFailure::Kind::kIo || item.second.kind == RankFailure::Kind::kCorruption;
+           const RankFailure& failure = item.second;
+           const bool on_a_file =
+               (failure.kind == ErrorKind::kIo || failure.kind == ErrorKind::kNotFound) && !failure.path.empty();
+           return on_a_file || failure.kind == ErrorKind::kCorruption;
          });
 }
 
@@ -332,10 +335,10 @@ std::optional<int64_t> CheckpointManager::restore(StateDict& state, LoadOptions 
   report_skipped(std::move(unreadable), skipped);
   try {
     std::rethrow_exception(newest_error);
-  } catch (const CheckpointError&) {
+  } catch (const DistributedCheckpointError&) {
     throw;  // its failures by rank say the rest
   } catch (const Error&) {
-    detail::rethrow_in_context(context, "");
+    util::rethrow_in_context(context, "");
   }
 }
 

@@ -1,8 +1,7 @@
 // load: the planner that reads and verifies everything before the first change, and the
 // agreement of the ranks of a group before any applies it.
-#include "dcp/file_io.h"
-#include "dcp/internal.h"
 #include "dcp/rank_outcomes.h"
+#include "dcp/storage/file_io.h"
 
 #include <stowage/dcp/checkpoint.h>
 #include <stowage/error.h>
@@ -385,13 +384,13 @@ void load(StateDict& state, StorageReader& reader, LoadOptions options, std::opt
     return;
   }
   // Every rank reads and verifies, then all agree before any state changes.
-  const std::string outcome = detail::attempt([&] {
+  const detail::RankOutcome outcome = detail::attempt([&] {
     prepare();
     return metadata.save_id;
   });
-  std::vector<std::string> outcomes;
+  std::vector<detail::RankOutcome> outcomes;
   try {
-    outcomes = group->all_gather(outcome);
+    outcomes = detail::all_gather_outcomes(*group, outcome);
   } catch (...) {
     detail::rethrow_as_checkpoint_error("load", group->rank());
   }
@@ -405,7 +404,7 @@ void load(StateDict& state, StorageReader& reader, LoadOptions options, std::opt
       }
     }
   }
-  if (!failures.empty()) throw CheckpointError("load", std::move(failures));
+  if (!failures.empty()) throw DistributedCheckpointError("load", std::move(failures));
   planner->apply(state, reader);
 }
 

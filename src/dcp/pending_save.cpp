@@ -8,57 +8,35 @@
 
 #include <map>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 namespace stowage::dcp {
 
-namespace {
-
-// Each writer's save in flight. Leaked: saves may still end during static destruction.
-struct InFlight {
-  std::mutex mutex;
-  std::unordered_map<const StorageWriter*, std::shared_future<Metadata>> saves;
-};
-
-InFlight& in_flight() {
-  static InFlight* const registry = new InFlight();
-  return *registry;
-}
-
-}  // namespace
-
 void PendingSaveAccess::begin(const StorageWriter& writer, AsyncStager& stager,
                               const std::shared_future<Metadata>& upload) {
   if (stager.reuses_buffers()) stager.latest_save_ = upload;
-  InFlight& registry = in_flight();
-  std::lock_guard<std::mutex> lock(registry.mutex);
-  const bool added = registry.saves.emplace(&writer, upload).second;
-  TORCH_INTERNAL_ASSERT(added, "async_save: a second save began on a writer before make_room");
+  std::lock_guard<std::mutex> lock(writer.pending_mutex_);
+  TORCH_INTERNAL_ASSERT(!writer.pending_save_.valid(), "async_save: a second save began on a writer before make_room");
+  writer.pending_save_ = upload;
 }
 
 void PendingSaveAccess::finished(const StorageWriter& writer) {
-  InFlight& registry = in_flight();
-  std::lock_guard<std::mutex> lock(registry.mutex);
-  registry.saves.erase(&writer);
+  std::lock_guard<std::mutex> lock(writer.pending_mutex_);
+  writer.pending_save_ = {};
 }
 
 void PendingSaveAccess::wait(const StorageWriter& writer) {
   std::shared_future<Metadata> save;
   {
-    InFlight& registry = in_flight();
-    std::lock_guard<std::mutex> lock(registry.mutex);
-    const auto it = registry.saves.find(&writer);
-    if (it == registry.saves.end()) return;
-    save = it->second;
+    std::lock_guard<std::mutex> lock(writer.pending_mutex_);
+    save = writer.pending_save_;
   }
-  save.wait();
+  if (save.valid()) save.wait();
 }
 
 bool PendingSaveAccess::pending(const StorageWriter& writer) {
-  InFlight& registry = in_flight();
-  std::lock_guard<std::mutex> lock(registry.mutex);
-  return registry.saves.count(&writer) != 0;
+  std::lock_guard<std::mutex> lock(writer.pending_mutex_);
+  return writer.pending_save_.valid();
 }
 
 bool has_pending_save(const StorageWriter& writer) {
@@ -88,7 +66,7 @@ void PendingSaveAccess::make_room(const StorageWriter& writer, AsyncStager& stag
     for (size_t r = 0; r < votes.size(); ++r) {
       if (!votes[r].empty()) rejecting[static_cast<int64_t>(r)] = detail::plain_failure(votes[r]);
     }
-    if (!rejecting.empty()) throw CheckpointError("start", std::move(rejecting));
+    if (!rejecting.empty()) throw DistributedCheckpointError("start", std::move(rejecting));
   } else if (!rejected.empty()) {
     throw Error(fmt::format("async_save: {}", rejected));
   }

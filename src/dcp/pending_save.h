@@ -16,9 +16,10 @@
 
 namespace stowage::dcp {
 
-// The async_saves in flight, by writer (one at a time each). A save is in flight from
-// begin() until its finished(), which it calls once it no longer uses the writer, just
-// before it completes its upload future.
+// The async_saves in flight, each held by its writer (one at a time: StorageWriter's
+// pending save) and, for a stager that reuses its buffers, by the stager. A save is in
+// flight from begin() until its finished(), which it calls once it no longer uses the
+// writer, just before it completes its upload future.
 class PendingSaveAccess {
  public:
   // Makes room for a new save: waits for the pending one or rejects, per `policy`.

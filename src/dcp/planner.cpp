@@ -1,4 +1,5 @@
-#include "dcp/internal.h"
+#include "dcp/format/checks.h"
+#include "dcp/saveable.h"
 
 #include <stowage/dcp/planner.h>
 #include <stowage/error.h>

@@ -1,5 +1,5 @@
 #include "dcp/rank_outcomes.h"
-#include "exception_message.h"
+#include "util/exception_message.h"
 
 #include <stowage/error.h>
 
@@ -10,7 +10,7 @@
 
 namespace stowage::dcp {
 
-CheckpointError::CheckpointError(std::string step, std::map<int64_t, RankFailure> failures)
+DistributedCheckpointError::DistributedCheckpointError(std::string step, std::map<int64_t, RankFailure> failures)
     : Error([&] {
         std::string text = fmt::format("distributed checkpoint failed in step '{}':", step);
         for (const auto& [rank, failure] : failures) text += fmt::format(" [rank {}] {}", rank, failure.message);
@@ -24,38 +24,15 @@ namespace {
 
 using nlohmann::json;
 
-const char* kind_name(RankFailure::Kind kind) {
-  switch (kind) {
-    case RankFailure::Kind::kInvalidArgument:
-      return "invalid_argument";
-    case RankFailure::Kind::kIo:
-      return "io";
-    case RankFailure::Kind::kCorruption:
-      return "corruption";
-    case RankFailure::Kind::kUnresponsive:
-      return "unresponsive";
-    case RankFailure::Kind::kError:
-      break;
-  }
-  return "error";
-}
-
-RankFailure::Kind kind_named(const std::string& name) {
-  for (const RankFailure::Kind kind : {RankFailure::Kind::kInvalidArgument, RankFailure::Kind::kIo,
-                                       RankFailure::Kind::kCorruption, RankFailure::Kind::kUnresponsive}) {
-    if (name == kind_name(kind)) return kind;
-  }
-  return RankFailure::Kind::kError;
-}
-
+// A kind travels as its enumerator's value: every rank runs the same build.
 json encode_failure(const RankFailure& f) {
-  return json{{"kind", kind_name(f.kind)}, {"message", f.message}, {"path", f.path}, {"operation", f.operation},
-              {"errno", f.error_number},   {"entry", f.entry},     {"file", f.file}, {"offset", f.offset}};
+  return json{{"kind", static_cast<int>(f.kind)}, {"message", f.message}, {"path", f.path}, {"operation", f.operation},
+              {"errno", f.error_number},          {"entry", f.entry},     {"file", f.file}, {"offset", f.offset}};
 }
 
 RankFailure decode_failure(const json& j) {
   RankFailure f;
-  f.kind = kind_named(j.at("kind").get<std::string>());
+  f.kind = static_cast<RankFailure::Kind>(j.at("kind").get<int>());
   f.message = j.at("message").get<std::string>();
   f.path = j.at("path").get<std::string>();
   f.operation = j.at("operation").get<std::string>();
@@ -72,21 +49,18 @@ RankFailure failure_in_flight(const std::string& prefix) {
   RankFailure f;
   try {
     throw;
-  } catch (const IoError& e) {
-    f.kind = RankFailure::Kind::kIo;
-    f.path = e.path();
-    f.operation = e.operation();
-    f.error_number = e.error_number();
+  } catch (const Error& e) {
+    f.kind = e.kind();
     f.message = e.what();
-  } catch (const CorruptionError& e) {
-    f.kind = RankFailure::Kind::kCorruption;
-    f.entry = e.entry();
-    f.file = e.file();
-    f.offset = e.offset();
-    f.message = e.what();
-  } catch (const InvalidArgument& e) {
-    f.kind = RankFailure::Kind::kInvalidArgument;
-    f.message = e.what();
+    if (const auto* io = dynamic_cast<const IoError*>(&e)) {
+      f.path = io->path();
+      f.operation = io->operation();
+      f.error_number = io->error_number();
+    } else if (const auto* corruption = dynamic_cast<const CorruptionError*>(&e)) {
+      f.entry = corruption->entry();
+      f.file = corruption->file();
+      f.offset = corruption->offset();
+    }
   } catch (const std::exception& e) {
     f.message = exception_message(e);
   } catch (...) {
@@ -102,50 +76,83 @@ RankFailure plain_failure(const std::string& message) {
   return f;
 }
 
-std::string outcome_ok(const std::string& payload) {
-  return json{{"ok", true}, {"v", payload}}.dump();
+namespace {
+
+json encode_outcome(const RankOutcome& outcome) {
+  if (outcome.failure) return json{{"ok", false}, {"failure", encode_failure(*outcome.failure)}};
+  return json{{"ok", true}, {"v", outcome.payload}};
 }
 
-std::string outcome_failed(const RankFailure& failure) {
-  return json{{"ok", false}, {"failure", encode_failure(failure)}}.dump();
+RankOutcome decode_outcome(const std::string& bytes) {
+  const json outcome = json::parse(bytes);
+  if (outcome.at("ok").get<bool>()) return {outcome.at("v").get<std::string>(), std::nullopt};
+  return {"", decode_failure(outcome.at("failure"))};
 }
 
-bool succeeded(const std::string& outcome_or_verdict) {
-  return json::parse(outcome_or_verdict).at("ok").get<bool>();
+std::string encode_verdict(const Verdict& verdict) {
+  if (verdict.failures.empty()) return json{{"ok", true}, {"v", verdict.payload}}.dump();
+  json list = json::array();
+  for (const auto& [rank, failure] : verdict.failures) list.push_back(json{rank, encode_failure(failure)});
+  return json{{"ok", false}, {"failures", std::move(list)}}.dump();
 }
 
-std::map<int64_t, RankFailure> failures_of(const std::vector<std::string>& outcomes,
+Verdict decode_verdict(const std::string& bytes) {
+  const json parsed = json::parse(bytes);
+  Verdict verdict;
+  if (parsed.at("ok").get<bool>()) {
+    verdict.payload = parsed.at("v").get<std::string>();
+    return verdict;
+  }
+  for (const json& failure : parsed.at("failures")) {
+    verdict.failures[failure.at(0).get<int64_t>()] = decode_failure(failure.at(1));
+  }
+  return verdict;
+}
+
+std::vector<RankOutcome> decode_outcomes(const std::vector<std::string>& gathered) {
+  std::vector<RankOutcome> outcomes;
+  outcomes.reserve(gathered.size());
+  for (const std::string& bytes : gathered) outcomes.push_back(decode_outcome(bytes));
+  return outcomes;
+}
+
+}  // namespace
+
+std::map<int64_t, RankFailure> failures_of(const std::vector<RankOutcome>& outcomes,
                                            std::vector<std::string>* payloads) {
   std::map<int64_t, RankFailure> failures;
   for (size_t r = 0; r < outcomes.size(); ++r) {
-    const json outcome = json::parse(outcomes[r]);
-    if (outcome.at("ok").get<bool>()) {
-      if (payloads != nullptr) payloads->push_back(outcome.at("v").get<std::string>());
-    } else {
-      failures[static_cast<int64_t>(r)] = decode_failure(outcome.at("failure"));
+    if (outcomes[r].failure) {
+      failures[static_cast<int64_t>(r)] = *outcomes[r].failure;
+    } else if (payloads != nullptr) {
+      payloads->push_back(outcomes[r].payload);
     }
   }
   return failures;
 }
 
-std::string verdict_ok(const std::string& payload) {
-  return json{{"ok", true}, {"v", payload}}.dump();
+const std::string& accept(const Verdict& verdict, const char* step) {
+  if (verdict.failures.empty()) return verdict.payload;
+  throw DistributedCheckpointError(step, verdict.failures);
 }
 
-std::string verdict_failed(const std::map<int64_t, RankFailure>& failures) {
-  json list = json::array();
-  for (const auto& [rank, failure] : failures) list.push_back(json{rank, encode_failure(failure)});
-  return json{{"ok", false}, {"failures", std::move(list)}}.dump();
+std::vector<RankOutcome> gather_outcomes(const dist::ProcessGroup& group, const RankOutcome& mine, int64_t root) {
+  return decode_outcomes(group.gather(encode_outcome(mine).dump(), root));
 }
 
-std::string accept(const std::string& verdict, const char* step) {
-  const json parsed = json::parse(verdict);
-  if (parsed.at("ok").get<bool>()) return parsed.at("v").get<std::string>();
-  std::map<int64_t, RankFailure> failures;
-  for (const json& failure : parsed.at("failures")) {
-    failures[failure.at(0).get<int64_t>()] = decode_failure(failure.at(1));
-  }
-  throw CheckpointError(step, std::move(failures));
+std::vector<RankOutcome> all_gather_outcomes(const dist::ProcessGroup& group, const RankOutcome& mine) {
+  return decode_outcomes(group.all_gather(encode_outcome(mine).dump()));
+}
+
+Verdict scatter_verdicts(const dist::ProcessGroup& group, const std::vector<Verdict>& verdicts, int64_t root) {
+  std::vector<std::string> parts;
+  parts.reserve(verdicts.size());
+  for (const Verdict& verdict : verdicts) parts.push_back(encode_verdict(verdict));
+  return decode_verdict(group.scatter(parts, root));
+}
+
+Verdict broadcast_verdict(const dist::ProcessGroup& group, const Verdict& verdict, int64_t root) {
+  return decode_verdict(group.broadcast(group.rank() == root ? encode_verdict(verdict) : std::string(), root));
 }
 
 void rethrow_as_checkpoint_error(const char* step, int64_t rank) {
@@ -159,7 +166,7 @@ void rethrow_as_checkpoint_error(const char* step, int64_t rank) {
       failures[missing] = failure;
     }
     if (failures.empty()) failures[rank] = plain_failure(e.what());
-    throw CheckpointError(step, std::move(failures));
+    throw DistributedCheckpointError(step, std::move(failures));
   }
 }
 

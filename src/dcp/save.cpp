@@ -1,9 +1,10 @@
 // save and async_save: one process, or the ranks of a group in step (rank_outcomes.h).
 #include "dcp/copy_before_return.h"
-#include "dcp/file_io.h"
-#include "dcp/internal.h"
+#include "dcp/format/plan_codec.h"
 #include "dcp/pending_save.h"
 #include "dcp/rank_outcomes.h"
+#include "dcp/saveable.h"
+#include "dcp/storage/file_io.h"
 
 #include <stowage/dcp/checkpoint.h>
 #include <stowage/error.h>
@@ -90,13 +91,13 @@ Metadata run_distributed_save(const std::function<LocalSave()>& prepare, Storage
   try {
     // Plan: every rank plans; the coordinator decides and hands each rank its part.
     LocalSave local;
-    const std::string planned = detail::attempt([&] {
+    const detail::RankOutcome planned = detail::attempt([&] {
       local = prepare();
       local.plan.rank = rank;
       return detail::encode_save_plan(writer.prepare_local_plan(std::move(local.plan)));
     });
-    const std::vector<std::string> gathered_plans = group.gather(planned, kCoordinator);
-    std::vector<std::string> plan_verdicts;
+    const std::vector<detail::RankOutcome> gathered_plans = detail::gather_outcomes(group, planned, kCoordinator);
+    std::vector<detail::Verdict> plan_verdicts;
     Metadata metadata;
     if (coordinator) {
       std::vector<std::string> encoded;
@@ -109,39 +110,39 @@ Metadata run_distributed_save(const std::function<LocalSave()>& prepare, Storage
           GlobalSavePlan global = create_global_save_plan(std::move(plans));
           global.metadata.save_id = detail::new_save_id();
           for (const SavePlan& plan : writer.prepare_global_plan(std::move(global.plans), global.metadata)) {
-            plan_verdicts.push_back(detail::verdict_ok(detail::encode_save_plan(plan)));
+            plan_verdicts.push_back({detail::encode_save_plan(plan), {}});
           }
           metadata = std::move(global.metadata);
         } catch (...) {
           failures[rank] = detail::failure_in_flight("coordinator: ");
         }
       }
-      if (!failures.empty()) plan_verdicts.assign(group.size(), detail::verdict_failed(failures));
+      if (!failures.empty()) plan_verdicts.assign(group.size(), detail::Verdict{"", failures});
     }
-    const std::string my_plan = group.scatter(plan_verdicts, kCoordinator);
+    const detail::Verdict my_plan = detail::scatter_verdicts(group, plan_verdicts, kCoordinator);
     step = "write";
 
     // Write: every rank writes its part, unless planning failed anywhere.
-    const bool plan_failed = !detail::succeeded(my_plan);
-    const std::string written = plan_failed
-                                    ? detail::outcome_failed(detail::plain_failure("nothing written: planning failed"))
-                                    : detail::attempt([&] {
-                                        const SavePlan plan = detail::decode_save_plan(detail::accept(my_plan, "plan"));
-                                        return detail::encode_write_results(writer.write_data(plan, local.data));
-                                      });
-    const std::vector<std::string> gathered_results = group.gather(written, kCoordinator);
+    const bool plan_failed = !my_plan.failures.empty();
+    const detail::RankOutcome written =
+        plan_failed ? detail::RankOutcome{"", detail::plain_failure("nothing written: planning failed")}
+                    : detail::attempt([&] {
+                        const SavePlan plan = detail::decode_save_plan(my_plan.payload);
+                        return detail::encode_write_results(writer.write_data(plan, local.data));
+                      });
+    const std::vector<detail::RankOutcome> gathered_results = detail::gather_outcomes(group, written, kCoordinator);
     verdict_pending = true;
     step = "commit";
 
     // Commit: the coordinator records where every chunk went and commits.
-    std::string commit_verdict;
+    detail::Verdict commit_verdict;
     if (coordinator) {
       std::vector<std::string> encoded;
       std::map<int64_t, RankFailure> failures = detail::failures_of(gathered_results, &encoded);
       if (plan_failed) {
         commit_verdict = my_plan;
       } else if (!failures.empty()) {
-        commit_verdict = detail::verdict_failed(failures);
+        commit_verdict.failures = std::move(failures);
       } else {
         try {
           std::vector<std::vector<WriteResult>> results;
@@ -149,13 +150,13 @@ Metadata run_distributed_save(const std::function<LocalSave()>& prepare, Storage
           for (const std::string& result : encoded) results.push_back(detail::decode_write_results(result));
           record_write_results(metadata, results);
           writer.finish(metadata);
-          commit_verdict = detail::verdict_ok(encode_metadata(metadata));
+          commit_verdict.payload = encode_metadata(metadata);
         } catch (...) {
-          commit_verdict = detail::verdict_failed({{rank, detail::failure_in_flight("coordinator: ")}});
+          commit_verdict.failures[rank] = detail::failure_in_flight("coordinator: ");
         }
       }
     }
-    const std::string committed = group.broadcast(commit_verdict, kCoordinator);
+    const detail::Verdict committed = detail::broadcast_verdict(group, commit_verdict, kCoordinator);
     verdict_pending = false;
     if (plan_failed) detail::accept(my_plan, "plan");
     const std::string text = detail::accept(committed, "write");

@@ -1,4 +1,4 @@
-#include "dcp/internal.h"
+#include "dcp/saveable.h"
 
 #include <stowage/dcp/staging.h>
 #include <stowage/error.h>
@@ -120,6 +120,7 @@ StateDict DefaultStager::stage_now(const FlatStateDict& flat) {
   std::unordered_set<const void*> seen;
   std::vector<memory::HostTensorSpec> specs;
   memory::HostAllocOptions host_options{options_.use_pinned_memory(), options_.use_shared_memory()};
+  host_options.use = memory::HostBufferUse::kCheckpoint;
   for (const FlatEntry& entry : flat.entries()) {
     if (!entry.value.isTensor()) continue;
     const c10::Storage& storage = entry.value.toTensor().storage();

@@ -7,7 +7,7 @@
 #include <stowage/dist/process_group.h>
 #include <stowage/error.h>
 
-#include "exception_message.h"
+#include "util/exception_message.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -440,6 +440,28 @@ void ProcessGroup::all_reduce_sum(at::Tensor& tensor) const {
   options.reduceOp = c10d::ReduceOp::SUM;
   options.timeout = g.timeout;
   run(g, "all_reduce", [&] { return backend.allreduce(tensors, options); });
+}
+
+void ProcessGroup::reduce_sum(at::Tensor& tensor, int64_t root) const {
+  Impl& g = *impl_;
+  check_collective_tensor(tensor, "reduce_sum");
+  if (root < 0 || root >= g.size) {
+    throw InvalidArgument(
+        fmt::format("ProcessGroup::reduce_sum: root {} is not a rank of this group of {}", root, g.size));
+  }
+  if (collects_through_host(tensor.device())) {
+    at::Tensor host = tensor.cpu();
+    reduce_sum(host, root);
+    if (g.rank == root) tensor.copy_(host);
+    return;
+  }
+  CollectiveBackend& backend = tensor_backend(g, tensor.device());
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::ReduceOptions options;
+  options.reduceOp = c10d::ReduceOp::SUM;
+  options.rootRank = root;
+  options.timeout = g.timeout;
+  run(g, "reduce", [&] { return backend.reduce(tensors, options); });
 }
 
 void ProcessGroup::broadcast(at::Tensor& tensor, int64_t root) const {

@@ -53,11 +53,10 @@ bool CopyEvent::query() const {
 
 class CopyEngine::Lane {
  public:
-  // Runs just before a copy, with its destination; may throw to fail it.
-  using Fault = std::function<void(const at::Tensor& dst)>;
-
+  Lane(CopyEnv* env, CopyLane which) : env_(env), which_(which) {}
   virtual ~Lane() = default;
-  virtual void copy(const at::Tensor& dst, const at::Tensor& src, Fault fault) = 0;
+  // Copy number `copy_number` of the lane, through the env.
+  virtual void copy(int64_t copy_number, const at::Tensor& dst, const at::Tensor& src) = 0;
   virtual CopyEvent record() = 0;
   virtual void wait(const CopyEvent& event) = 0;
   // An event after everything enqueued so far, carrying the lane's failure, which it clears.
@@ -65,13 +64,23 @@ class CopyEngine::Lane {
 
   std::atomic<int64_t> copies{0};
   std::atomic<int64_t> bytes{0};
+
+ protected:
+  void run_copy(int64_t copy_number, const at::Tensor& dst, const at::Tensor& src) const {
+    const c10::AutoGradMode no_grad(false);
+    env_->copy(which_, copy_number, dst, src);
+  }
+
+ private:
+  CopyEnv* env_;
+  CopyLane which_;
 };
 
 // A worker thread running the lane's tasks in FIFO order. Invariant: while failure_ is
 // set, copies are skipped and markers carry it.
 class CopyEngine::ThreadLane final : public CopyEngine::Lane {
  public:
-  ThreadLane() : worker_([this] { run(); }) {}
+  ThreadLane(CopyEnv* env, CopyLane which) : Lane(env, which), worker_([this] { run(); }) {}
 
   ~ThreadLane() override {
     {
@@ -82,12 +91,11 @@ class CopyEngine::ThreadLane final : public CopyEngine::Lane {
     worker_.join();  // the worker drains the queue before it exits
   }
 
-  void copy(const at::Tensor& dst, const at::Tensor& src, Fault fault) override {
-    enqueue([this, dst = dst, src = src, fault = std::move(fault)]() mutable {
+  void copy(int64_t copy_number, const at::Tensor& dst, const at::Tensor& src) override {
+    enqueue([this, copy_number, dst = dst, src = src]() mutable {
       if (!failure_) {
         try {
-          if (fault) fault(dst);
-          copy_now(dst, src);
+          run_copy(copy_number, dst, src);
         } catch (...) {
           failure_ = std::current_exception();
         }
@@ -124,19 +132,6 @@ class CopyEngine::ThreadLane final : public CopyEngine::Lane {
   }
 
  private:
-  // Same dtype, shape and contiguous layout: a plain memmove. Tensor::copy_ would start an
-  // OpenMP team on this worker thread, whose threads then compete for the cores with the
-  // compute thread's own team.
-  static void copy_now(const at::Tensor& dst, const at::Tensor& src) {
-    if (dst.scalar_type() == src.scalar_type() && dst.sizes() == src.sizes() && dst.is_contiguous() &&
-        src.is_contiguous() && dst.is_cpu() && src.is_cpu()) {
-      std::memmove(dst.data_ptr(), src.data_ptr(), dst.nbytes());
-    } else {
-      const c10::AutoGradMode no_grad(false);
-      dst.copy_(src);
-    }
-  }
-
   void enqueue(std::function<void()> task) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -172,16 +167,17 @@ class CopyEngine::ThreadLane final : public CopyEngine::Lane {
 // memory before the copy has run.
 class CopyEngine::StreamLane final : public CopyEngine::Lane {
  public:
-  explicit StreamLane(c10::Device device)
-      : device_(device), guard_impl_(device.type()), stream_(guard_impl_.getStreamFromGlobalPool(device)) {}
+  StreamLane(CopyEnv* env, CopyLane which, c10::Device device)
+      : Lane(env, which),
+        device_(device),
+        guard_impl_(device.type()),
+        stream_(guard_impl_.getStreamFromGlobalPool(device)) {}
 
   ~StreamLane() override { stream_.synchronize(); }
 
-  void copy(const at::Tensor& dst, const at::Tensor& src, Fault fault) override {
-    if (fault) fault(dst);
+  void copy(int64_t copy_number, const at::Tensor& dst, const at::Tensor& src) override {
     const c10::StreamGuard on_lane(stream_);
-    const c10::AutoGradMode no_grad(false);
-    dst.copy_(src, /*non_blocking=*/true);
+    run_copy(copy_number, dst, src);
     const at::Tensor& on_device = dst.device() == device_ ? dst : src;
     if (!sync_skipped(SkippedSync::kRecordStream)) {
       guard_impl_.recordDataPtrOnStream(on_device.storage().data_ptr(), stream_);
@@ -208,15 +204,39 @@ class CopyEngine::StreamLane final : public CopyEngine::Lane {
   c10::Stream stream_;
 };
 
+// -------------------------------------------------------------------------- env
+
+// On the CPU, the same dtype, shape and contiguous layout make a plain memmove:
+// Tensor::copy_ would start an OpenMP team on the lane's worker thread, whose threads then
+// compete for the cores with the compute thread's own team.
+void CopyEnv::copy(CopyLane /*lane*/, int64_t /*copy_number*/, const at::Tensor& dst, const at::Tensor& src) {
+  if (dst.is_cpu() && src.is_cpu()) {
+    if (dst.scalar_type() == src.scalar_type() && dst.sizes() == src.sizes() && dst.is_contiguous() &&
+        src.is_contiguous()) {
+      std::memmove(dst.data_ptr(), src.data_ptr(), dst.nbytes());
+    } else {
+      dst.copy_(src);
+    }
+  } else {
+    dst.copy_(src, /*non_blocking=*/true);
+  }
+}
+
+CopyEnv* CopyEnv::standard() {
+  static CopyEnv* const env = new CopyEnv();
+  return env;
+}
+
 // ----------------------------------------------------------------------- engine
 
-CopyEngine::CopyEngine(c10::Device device) : device_(device) {
+CopyEngine::CopyEngine(c10::Device device, CopyEnv* env) : device_(device) {
+  if (env == nullptr) throw InvalidArgument("CopyEngine: env is null");
   if (device.is_cpu()) {
-    h2d_ = std::make_unique<ThreadLane>();
-    d2h_ = std::make_unique<ThreadLane>();
+    h2d_ = std::make_unique<ThreadLane>(env, CopyLane::kHostToDevice);
+    d2h_ = std::make_unique<ThreadLane>(env, CopyLane::kDeviceToHost);
   } else {
-    h2d_ = std::make_unique<StreamLane>(device);
-    d2h_ = std::make_unique<StreamLane>(device);
+    h2d_ = std::make_unique<StreamLane>(env, CopyLane::kHostToDevice, device);
+    d2h_ = std::make_unique<StreamLane>(env, CopyLane::kDeviceToHost, device);
   }
 }
 
@@ -245,13 +265,7 @@ void CopyEngine::copy(CopyLane which, const at::Tensor& dst, const at::Tensor& s
   Lane& target = lane(which);
   const int64_t copy_number = target.copies.fetch_add(1);
   target.bytes.fetch_add(dst.numel() * static_cast<int64_t>(dst.element_size()));
-  Lane::Fault fault;
-  if (fault_injector_) {
-    fault = [injector = fault_injector_, which, copy_number](const at::Tensor& target_dst) {
-      (*injector)(which, copy_number, target_dst);
-    };
-  }
-  target.copy(dst, src, std::move(fault));
+  target.copy(copy_number, dst, src);
 }
 
 CopyEvent CopyEngine::record(CopyLane which) {
@@ -306,10 +320,6 @@ std::exception_ptr CopyEngine::drain() {
     }
   }
   return first;
-}
-
-void CopyEngine::set_fault_injector(CopyFaultInjector injector) {
-  fault_injector_ = injector ? std::make_shared<const CopyFaultInjector>(std::move(injector)) : nullptr;
 }
 
 CopyStats CopyEngine::stats() const {

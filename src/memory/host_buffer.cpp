@@ -1,6 +1,8 @@
 #include <stowage/error.h>
 #include <stowage/memory/host_buffer.h>
 
+#include "util/errno_error.h"
+
 #include <ATen/ATen.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <torch/version.h>
@@ -30,11 +32,15 @@ std::atomic<int64_t> g_current{0};
 std::atomic<int64_t> g_peak{0};
 std::atomic<int64_t> g_pinned{0};
 std::atomic<int64_t> g_shared{0};
+std::atomic<int64_t> g_checkpoint{0};
+std::atomic<int64_t> g_optimizer{0};
 
-void account(int64_t delta, bool pinned, bool shared) {
+void account(int64_t delta, bool pinned, bool shared, HostBufferUse use) {
   const int64_t now = g_current.fetch_add(delta) + delta;
   if (pinned) g_pinned.fetch_add(delta);
   if (shared) g_shared.fetch_add(delta);
+  if (use == HostBufferUse::kCheckpoint) g_checkpoint.fetch_add(delta);
+  if (use == HostBufferUse::kOptimizer) g_optimizer.fetch_add(delta);
   int64_t peak = g_peak.load();
   while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
   }
@@ -71,12 +77,13 @@ at::HostAllocator* pinned_allocator_for(c10::DeviceType device_type) {
 }
 
 // `nbytes` of pinned memory from `allocator`, accounted as such until freed.
-at::Tensor allocate_pinned(at::HostAllocator& allocator, c10::IntArrayRef sizes, c10::ScalarType dtype, size_t nbytes) {
+at::Tensor allocate_pinned(at::HostAllocator& allocator, c10::IntArrayRef sizes, c10::ScalarType dtype, size_t nbytes,
+                           HostBufferUse use) {
   auto data = std::make_shared<at::DataPtr>(allocator.allocate(nbytes));
-  account(static_cast<int64_t>(nbytes), /*pinned=*/true, /*shared=*/false);
-  auto release = [data, nbytes](void*) mutable {
+  account(static_cast<int64_t>(nbytes), /*pinned=*/true, /*shared=*/false, use);
+  auto release = [data, nbytes, use](void*) mutable {
     data.reset();
-    account(-static_cast<int64_t>(nbytes), /*pinned=*/true, /*shared=*/false);
+    account(-static_cast<int64_t>(nbytes), /*pinned=*/true, /*shared=*/false, use);
   };
   return at::from_blob(data->get(), sizes, release, at::TensorOptions().dtype(dtype).device(c10::kCPU));
 }
@@ -130,7 +137,7 @@ at::Tensor allocate_host(c10::IntArrayRef sizes, c10::ScalarType dtype, HostAllo
 #if TORCH_VERSION_MAJOR >= 2
   if (options.pin_memory && !options.share_memory) {
     if (at::HostAllocator* allocator = pinned_allocator_for(options.pin_for)) {
-      return allocate_pinned(*allocator, sizes, dtype, mapped);
+      return allocate_pinned(*allocator, sizes, dtype, mapped, options.use);
     }
   }
 #endif
@@ -142,8 +149,8 @@ at::Tensor allocate_host(c10::IntArrayRef sizes, c10::ScalarType dtype, HostAllo
     if (fd < 0 || ftruncate(fd, static_cast<off_t>(mapped)) != 0) {
       const int err = errno;
       if (fd >= 0) close(fd);
-      throw Error(
-          fmt::format("allocate_host: cannot create {} bytes of shared memory: {}", mapped, std::strerror(err)));
+      util::throw_errno(fmt::format("allocate_host: cannot create {} bytes of shared memory", mapped), "",
+                        "memfd_create", err);
     }
     data = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   } else {
@@ -152,17 +159,18 @@ at::Tensor allocate_host(c10::IntArrayRef sizes, c10::ScalarType dtype, HostAllo
   if (data == MAP_FAILED) {
     const int err = errno;
     if (fd >= 0) close(fd);
-    throw Error(fmt::format("allocate_host: cannot map {} bytes: {}", mapped, std::strerror(err)));
+    util::throw_errno(fmt::format("allocate_host: cannot map {} bytes", mapped), "", "mmap", err);
   }
   const bool pinned =
       options.pin_memory && options.pin_for == c10::DeviceType::CUDA && can_pin_memory() && pin(data, mapped);
   const bool shared = fd >= 0;
-  account(static_cast<int64_t>(mapped), pinned, shared);
-  auto release = [mapped, fd, pinned, shared](void* ptr) {
+  const HostBufferUse use = options.use;
+  account(static_cast<int64_t>(mapped), pinned, shared, use);
+  auto release = [mapped, fd, pinned, shared, use](void* ptr) {
     if (pinned) unpin(ptr);
     munmap(ptr, mapped);
     if (fd >= 0) close(fd);
-    account(-static_cast<int64_t>(mapped), pinned, shared);
+    account(-static_cast<int64_t>(mapped), pinned, shared, use);
   };
   return at::from_blob(data, sizes, release, tensor_options);
 }
@@ -207,7 +215,7 @@ std::vector<at::Tensor> allocate_host_tensors(const std::vector<HostTensorSpec>&
 }
 
 HostBufferStats host_buffer_stats() {
-  return {g_current.load(), g_peak.load(), g_pinned.load(), g_shared.load()};
+  return {g_current.load(), g_peak.load(), g_pinned.load(), g_shared.load(), g_checkpoint.load(), g_optimizer.load()};
 }
 
 void reset_peak_host_buffer_stats() {

@@ -15,6 +15,7 @@ void DiskTier::ensure_buffers(int64_t bytes, c10::Device device) {
   memory::HostAllocOptions options;
   options.pin_memory = !device.is_cpu();
   options.pin_for = device.type();
+  options.use = memory::HostBufferUse::kOptimizer;
   for (int64_t i = 0; i < buffer_count; ++i) buffers.push_back(memory::allocate_host({bytes}, at::kByte, options));
   buffer_bytes = bytes;
   stats.buffer_bytes = bytes;

@@ -284,23 +284,9 @@ class DiskTransport final : public SwapTransport {
       const SwapFile& file = *files_.at(run.dtype);
       requests.push_back({file.io_fd(), run.file_byte, buffer_bytes(b) + run.buffer_byte, run.bytes, file.name()});
     }
-    if (tier_.fault) {
-      if (const int error = tier_.fault(op, b); error != 0) fail_as_injected(op, requests, error);
-    }
-    tier_.io->run(op, requests);
+    tier_.env->transfer(op, b, *tier_.io, requests);
     int64_t& counter = op == IoOp::kRead ? tier_.stats.read_bytes : tier_.stats.written_bytes;
     counter += plans_[b].bytes;
-  }
-
-  // What an injected fault does: a failed write gets half of its first range out first.
-  void fail_as_injected(IoOp op, std::vector<IoRequest> requests, int error) {
-    if (requests.empty()) throw_io_error(op, "", 0, 0, error);  // a batch with nothing swapped
-    requests.resize(1);
-    if (op == IoOp::kWrite) {
-      requests[0].bytes = align_up(requests[0].bytes / 2, kDiskAlignmentBytes);
-      tier_.io->run(op, requests);
-    }
-    throw_io_error(op, requests[0].file, requests[0].offset, requests[0].bytes, error);
   }
 
   char* buffer_bytes(int64_t b) const { return static_cast<char*>(tier_.buffers[b % tier_.buffer_count].data_ptr()); }

@@ -3,6 +3,7 @@
 #include <stowage/error.h>
 
 #include "optim/swap_internal.h"
+#include "util/errno_error.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -19,9 +20,8 @@ namespace stowage::optim::detail {
 namespace {
 
 [[noreturn]] void fail(const std::string& operation, const std::string& path, int error_number) {
-  throw IoError(fmt::format("Swap optimizer disk tier: cannot {} the scratch file '{}': {}", operation, path,
-                            std::strerror(error_number)),
-                path, operation, error_number);
+  util::throw_errno(fmt::format("Swap optimizer disk tier: cannot {} the scratch file '{}'", operation, path), path,
+                    operation, error_number);
 }
 
 std::string unique_name(const std::string& dir, const std::string& stem) {

@@ -1,5 +1,7 @@
 #include "optim/swap_file_io.h"
 
+#include "util/errno_error.h"
+
 #include <stowage/error.h>
 
 #include <fmt/format.h>
@@ -127,8 +129,8 @@ class UringIo final : public SwapFileIo {
   // Prepares blocks[index]; the caller submits.
   void submit(IoOp op, const std::vector<Block>& blocks, size_t index) {
     if (broken_) {
-      throw IoError("Swap optimizer disk tier: the io_uring ring failed earlier and is no longer used", "",
-                    "io_uring_submit", EIO);
+      util::throw_errno("Swap optimizer disk tier: the io_uring ring failed earlier and is no longer used", "",
+                        "io_uring_submit", EIO);
     }
     const Block& block = blocks[index];
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
@@ -217,9 +219,9 @@ class ThreadIo final : public SwapFileIo {
 }  // namespace
 
 void throw_io_error(IoOp op, const std::string& file, int64_t offset, int64_t bytes, int error_number) {
-  throw IoError(fmt::format("Swap optimizer disk tier: cannot {} {} bytes at offset {} of the scratch file '{}': {}",
-                            operation_of(op), bytes, offset, file, std::strerror(error_number)),
-                file, operation_of(op), error_number);
+  util::throw_errno(fmt::format("Swap optimizer disk tier: cannot {} {} bytes at offset {} of the scratch file '{}'",
+                                operation_of(op), bytes, offset, file),
+                    file, operation_of(op), error_number);
 }
 
 std::unique_ptr<SwapFileIo> make_swap_file_io(SwapIoPath path) {
@@ -228,10 +230,9 @@ std::unique_ptr<SwapFileIo> make_swap_file_io(SwapIoPath path) {
     const int result = io_uring_queue_init(SwapFileIo::kQueueDepth, &ring, 0);
     if (result == 0) return std::make_unique<UringIo>(ring);
     if (path == SwapIoPath::kIoUring) {
-      throw IoError(fmt::format("Swap optimizer disk tier: the kernel refused an io_uring ring ({}); use "
-                                "SwapIoPath::kThreads or kAuto",
-                                std::strerror(-result)),
-                    "", "io_uring_queue_init", -result);
+      util::throw_errno(
+          "Swap optimizer disk tier: the kernel refused an io_uring ring (use SwapIoPath::kThreads or kAuto)", "",
+          "io_uring_queue_init", -result);
     }
   }
   return std::make_unique<ThreadIo>();

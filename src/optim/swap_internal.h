@@ -5,6 +5,7 @@
 #include <stowage/optim/swap_optimizer.h>
 
 #include "optim/param_state.h"
+#include "optim/swap_env.h"
 #include "optim/swap_file.h"
 
 #include <ATen/core/Tensor.h>
@@ -16,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -33,11 +35,6 @@ inline int64_t align_up(int64_t value, int64_t alignment) {
 inline std::string describe(const at::Tensor& t) {
   return fmt::format("{} [{}]", c10::toString(t.scalar_type()), fmt::join(t.sizes(), ", "));
 }
-
-// Test seam, like memory::CopyEngine's fault injector: `injector` runs before the update
-// of each parameter (given its index across groups) that has a gradient; throwing from it
-// fails that update before it changes anything, as an allocation failure would.
-void set_update_fault_injector(SwapOptimizer& optimizer, std::function<void(int64_t param_index)> injector);
 
 // One state tensor of a parameter.
 struct UnitSlot {
@@ -75,15 +72,11 @@ struct SlotRequest {
   bool in_place = false;  // already this slot's entry of the current host layout
 };
 
-}  // namespace stowage::optim::detail
-
-namespace stowage::optim {
-
 // Where each swapped state lives between steps. Invariant: each entry's holder is its
 // `host` view, and entries are in parameter order, then slot order. On the disk tier the
 // buffers are mappings of the scratch files, one per dtype, so the holders are views of
 // the files and nothing of them needs to be in memory.
-struct SwapOptimizer::HostLayout {
+struct HostLayout {
   struct Entry {
     const c10::TensorImpl* param;
     int slot;
@@ -92,13 +85,84 @@ struct SwapOptimizer::HostLayout {
   };
   std::vector<Entry> entries;
   std::map<std::pair<const c10::TensorImpl*, int>, size_t> index;
-  std::map<c10::ScalarType, at::Tensor> buffers;                       // packed mode and disk tier: one per dtype
-  std::map<c10::ScalarType, std::shared_ptr<detail::SwapFile>> files;  // disk tier: the buffers' files
+  std::map<c10::ScalarType, at::Tensor> buffers;               // packed mode and disk tier: one per dtype
+  std::map<c10::ScalarType, std::shared_ptr<SwapFile>> files;  // disk tier: the buffers' files
 
   const Entry* find(const c10::TensorImpl* param, int slot) const {
     const auto it = index.find({param, slot});
     return it == index.end() ? nullptr : &entries[it->second];
   }
+};
+
+struct DiskTier;
+struct WrapClaim;
+
+}  // namespace stowage::optim::detail
+
+namespace stowage::optim {
+
+// A SwapOptimizer's fields and the helpers of its methods, which forward here.
+struct SwapOptimizer::Rep {
+  // Validates the config against the optimizer (throws stowage::InvalidArgument), then
+  // moves any states that exist already to host buffers.
+  Rep(std::shared_ptr<torch::optim::Optimizer> optimizer, SwapOptimizerConfig config);
+  ~Rep();
+
+  at::Tensor step(const torch::optim::Optimizer::LossClosure& closure);
+  DiskTierStats disk_stats() const;
+  StateDict state_dict();
+  void load_state_dict(const StateDict& state);
+  void check_load_state_dict(const StateDict& state);
+
+  // Throws InvalidArgument if the wrapped optimizer's param groups hold a parameter twice
+  // or one on another device than device_, or if max_exp_avg_sq is to be swapped while
+  // no group has amsgrad on. Run by the constructor and, as the groups may have changed
+  // since (add_param_group, edited params or options), by every step().
+  void check_param_groups() const;
+  // Throws InvalidArgument for a gradient the update cannot take (sparse, or unlike its
+  // parameter) and for a group with amsgrad on whose parameters' states lack
+  // max_exp_avg_sq.
+  void check_gradients() const;
+  // Throws InvalidArgument naming the first parameter whose step count is not the one this
+  // wrapper left (the wrapped optimizer's own step() ran), before anything changes.
+  void check_steps_are_the_wrappers() const;
+  // Each parameter's step count, as the wrapper leaves it after construction or a load.
+  void record_steps();
+  // The states of the parameters that have a gradient but no state yet, as the wrapped
+  // optimizer would create them; those to be swapped start in the host layout (zeros, or
+  // the parameter for a master weight) and never take device memory between steps. If
+  // the layout cannot be built, the new states are removed again.
+  void create_first_step_states();
+  // The parameters that have state, in group order, with their slots bound to the layout.
+  std::vector<detail::Unit> collect_units();
+  void ensure_host_layout(std::vector<detail::SlotRequest> requests);
+  std::vector<detail::SlotRequest> requests_for(std::vector<detail::Unit>& units,
+                                                const std::vector<std::pair<const void*, int>>& pending);
+  // Adam's update of one parameter that has a gradient; its swapped states are
+  // `swapped_state(slot)` (device copies), the others its own.
+  void update_unit(detail::Unit& unit, const std::function<at::Tensor(const detail::UnitSlot&)>& swapped_state);
+  // The disk tier's batches (their sizes in units, as partition_by_cost gives them):
+  // swap_times, or as many more as it takes for each to fit one host buffer of
+  // host_budget_bytes / buffer_count; sizes the tier's buffers. Throws InvalidArgument for
+  // a parameter whose states alone do not fit a buffer.
+  std::vector<int64_t> disk_batches(const std::vector<detail::Unit>& units, const std::vector<int64_t>& costs);
+
+  std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<detail::WrapClaim> claim_;  // marks optimizer_ as wrapped while this wrapper lives
+  SwapOptimizerConfig config_;
+  SwapEnv* env_;                     // config_.env(), or the standard one
+  const OptimizerAdapter* adapter_;  // the wrapped optimizer's, from the registry
+  detail::Family family_;
+  std::vector<bool> swapped_slot_;  // by detail::StateSlot
+  c10::Device device_;
+  std::unique_ptr<memory::CopyEngine> engine_;
+  std::unique_ptr<detail::HostLayout> layout_;
+  std::unique_ptr<detail::DiskTier> disk_;  // with a swap_dir only
+  // Completes when the last download into the host buffers has; the host buffers must not
+  // be read or rewritten on the CPU, nor uploaded, before it.
+  memory::CopyEvent host_ready_;
+  // By parameter, the step count this wrapper left its state at; one without state is at 0.
+  std::unordered_map<const c10::TensorImpl*, int64_t> recorded_steps_;
 };
 
 }  // namespace stowage::optim

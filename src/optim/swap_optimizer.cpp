@@ -89,8 +89,11 @@ struct WrapClaim {
 
 // ------------------------------------------------------------------ construction
 
-SwapOptimizer::SwapOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, SwapOptimizerConfig config)
-    : optimizer_(std::move(optimizer)), config_(std::move(config)), device_(c10::kCPU) {
+SwapOptimizer::Rep::Rep(std::shared_ptr<torch::optim::Optimizer> optimizer, SwapOptimizerConfig config)
+    : optimizer_(std::move(optimizer)),
+      config_(std::move(config)),
+      env_(config_.env() != nullptr ? config_.env() : SwapEnv::standard()),
+      device_(c10::kCPU) {
   if (!optimizer_) {
     throw InvalidArgument("swap_optimizer: null optimizer");
   }
@@ -121,11 +124,11 @@ SwapOptimizer::SwapOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
       throw InvalidArgument(fmt::format("SwapOptimizerConfig.swap_dir '{}' is not a directory{}", config_.swap_dir(),
                                         error ? ": " + error.message() : std::string()));
     }
-    disk_ = std::make_unique<detail::DiskTier>(config_.io_path(), config_.buffer_count());
+    disk_ = std::make_unique<detail::DiskTier>(env_, config_.io_path(), config_.buffer_count());
     disk_->stats.io_path = disk_->io->path();
   }
-  engine_ = std::make_unique<memory::CopyEngine>(device_);
-  layout_ = std::make_unique<HostLayout>();
+  engine_ = std::make_unique<memory::CopyEngine>(device_, env_);
+  layout_ = std::make_unique<detail::HostLayout>();
 
   // States created before wrapping go to the host now, so that they hold no device memory
   // during the forward and backward pass. Blocking here, once, means that when the wrapper
@@ -136,9 +139,72 @@ SwapOptimizer::SwapOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
   record_steps();
 }
 
+SwapOptimizer::Rep::~Rep() = default;
+
+// ------------------------------------------------------------------- the class
+
+SwapOptimizer::SwapOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, SwapOptimizerConfig config)
+    : rep_(std::make_unique<Rep>(std::move(optimizer), std::move(config))) {}
+
 SwapOptimizer::~SwapOptimizer() = default;
 
-void SwapOptimizer::check_param_groups() const {
+at::Tensor SwapOptimizer::step(const torch::optim::Optimizer::LossClosure& closure) {
+  return rep_->step(closure);
+}
+
+void SwapOptimizer::zero_grad() {
+  rep_->optimizer_->zero_grad();
+}
+
+torch::optim::Optimizer& SwapOptimizer::optimizer() {
+  return *rep_->optimizer_;
+}
+
+std::vector<torch::optim::OptimizerParamGroup>& SwapOptimizer::param_groups() {
+  return rep_->optimizer_->param_groups();
+}
+
+const SwapOptimizerConfig& SwapOptimizer::config() const {
+  return rep_->config_;
+}
+
+memory::CopyStats SwapOptimizer::copy_stats() const {
+  return rep_->engine_->stats();
+}
+
+memory::CopyEngine& SwapOptimizer::copy_engine() {
+  return *rep_->engine_;
+}
+
+DiskTierStats SwapOptimizer::disk_stats() const {
+  return rep_->disk_stats();
+}
+
+StateDict SwapOptimizer::state_dict() {
+  return rep_->state_dict();
+}
+
+void SwapOptimizer::load_state_dict(const StateDict& state) {
+  rep_->load_state_dict(state);
+}
+
+void SwapOptimizer::check_load_state_dict(const StateDict& state) {
+  rep_->check_load_state_dict(state);
+}
+
+c10::intrusive_ptr<SwapOptimizer> swap_optimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
+                                                 SwapOptimizerConfig config) {
+  return c10::make_intrusive<SwapOptimizer>(std::move(optimizer), std::move(config));
+}
+
+bool is_swap_optimizer(const c10::IValue& value) {
+  const c10::intrusive_ptr<Stateful> stateful = as_stateful(value);
+  return stateful && dynamic_cast<SwapOptimizer*>(stateful.get()) != nullptr;
+}
+
+// -------------------------------------------------------------------- checks
+
+void SwapOptimizer::Rep::check_param_groups() const {
   const auto& groups = optimizer_->param_groups();
   // One copy engine serves one device, and the state of a parameter listed twice would be
   // updated twice per step.
@@ -174,7 +240,7 @@ void SwapOptimizer::check_param_groups() const {
 // LibTorch's step() cannot be intercepted, but it moves the step count of every parameter
 // it updates (and creates the states of those without, at step 1): a count other than the
 // one this wrapper left is its trace. Between wrapper calls nothing else changes a count.
-void SwapOptimizer::check_steps_are_the_wrappers() const {
+void SwapOptimizer::Rep::check_steps_are_the_wrappers() const {
   auto& states = optimizer_->state();
   const auto& groups = optimizer_->param_groups();
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -196,7 +262,7 @@ void SwapOptimizer::check_steps_are_the_wrappers() const {
   }
 }
 
-void SwapOptimizer::record_steps() {
+void SwapOptimizer::Rep::record_steps() {
   auto& states = optimizer_->state();
   recorded_steps_.clear();
   for (const auto& group : optimizer_->param_groups()) {
@@ -208,23 +274,9 @@ void SwapOptimizer::record_steps() {
   }
 }
 
-c10::intrusive_ptr<SwapOptimizer> swap_optimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
-                                                 SwapOptimizerConfig config) {
-  return c10::make_intrusive<SwapOptimizer>(std::move(optimizer), std::move(config));
-}
-
-bool is_swap_optimizer(const c10::IValue& value) {
-  const c10::intrusive_ptr<Stateful> stateful = as_stateful(value);
-  return stateful && dynamic_cast<SwapOptimizer*>(stateful.get()) != nullptr;
-}
-
-void SwapOptimizer::zero_grad() {
-  optimizer_->zero_grad();
-}
-
 // ------------------------------------------------------------------ host layout
 
-std::vector<Unit> SwapOptimizer::collect_units() {
+std::vector<Unit> SwapOptimizer::Rep::collect_units() {
   auto& states = optimizer_->state();
   std::vector<Unit> units;
   int64_t index = 0;
@@ -244,7 +296,7 @@ std::vector<Unit> SwapOptimizer::collect_units() {
         at::Tensor* holder = unit.state.tensors[slot];
         if (holder == nullptr) continue;
         UnitSlot entry{slot, holder};
-        if (const HostLayout::Entry* e = layout_->find(param.unsafeGetTensorImpl(), slot);
+        if (const detail::HostLayout::Entry* e = layout_->find(param.unsafeGetTensorImpl(), slot);
             e != nullptr && holder->defined() && holder->is_same(e->host)) {
           entry.swapped = true;
           entry.host_offset = e->offset;
@@ -260,8 +312,8 @@ std::vector<Unit> SwapOptimizer::collect_units() {
 // Which state tensors belong in the host layout, and where their contents come from.
 // `pending` lists the (parameter, slot) pairs created for this step that are to be
 // swapped: their holders are still undefined.
-std::vector<SlotRequest> SwapOptimizer::requests_for(std::vector<Unit>& units,
-                                                     const std::vector<std::pair<const void*, int>>& pending) {
+std::vector<SlotRequest> SwapOptimizer::Rep::requests_for(std::vector<Unit>& units,
+                                                          const std::vector<std::pair<const void*, int>>& pending) {
   const int64_t min_numel = config_.min_numel();
   auto owns_whole_storage = [](const at::Tensor& t) {
     return t.layout() == at::kStrided && t.is_contiguous() && t.storage_offset() == 0 &&
@@ -306,7 +358,7 @@ std::vector<SlotRequest> SwapOptimizer::requests_for(std::vector<Unit>& units,
   return requests;
 }
 
-void SwapOptimizer::ensure_host_layout(std::vector<SlotRequest> requests) {
+void SwapOptimizer::Rep::ensure_host_layout(std::vector<SlotRequest> requests) {
   const bool unchanged = requests.size() == layout_->entries.size() &&
                          std::all_of(requests.begin(), requests.end(), [](const SlotRequest& r) { return r.in_place; });
   if (unchanged) return;
@@ -321,8 +373,9 @@ void SwapOptimizer::ensure_host_layout(std::vector<SlotRequest> requests) {
   memory::HostAllocOptions host_options;
   host_options.pin_memory = !device_.is_cpu();
   host_options.pin_for = device_.type();
+  host_options.use = memory::HostBufferUse::kOptimizer;
 
-  auto fresh = std::make_unique<HostLayout>();
+  auto fresh = std::make_unique<detail::HostLayout>();
   std::vector<int64_t> offsets(requests.size(), 0);
   if (packed) {
     std::map<c10::ScalarType, int64_t> used;
@@ -335,7 +388,7 @@ void SwapOptimizer::ensure_host_layout(std::vector<SlotRequest> requests) {
     for (const auto& [dtype, numel] : used) {
       if (disk_) {
         const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
-        fresh->files[dtype] = detail::SwapFile::create(config_.swap_dir(), "stowage-optimizer-state", bytes);
+        fresh->files[dtype] = env_->create_scratch_file(config_.swap_dir(), "stowage-optimizer-state", bytes);
         fresh->buffers[dtype] = detail::SwapFile::map(fresh->files[dtype], dtype);
       } else {
         fresh->buffers[dtype] = memory::allocate_host({numel}, dtype, host_options);
@@ -394,7 +447,7 @@ void SwapOptimizer::ensure_host_layout(std::vector<SlotRequest> requests) {
 
 // ------------------------------------------------------------------------ step
 
-void SwapOptimizer::check_gradients() const {
+void SwapOptimizer::Rep::check_gradients() const {
   auto& groups = optimizer_->param_groups();
   auto& states = optimizer_->state();
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -429,7 +482,7 @@ void SwapOptimizer::check_gradients() const {
   }
 }
 
-void SwapOptimizer::create_first_step_states() {
+void SwapOptimizer::Rep::create_first_step_states() {
   auto& groups = optimizer_->param_groups();
   auto& states = optimizer_->state();
   std::vector<std::pair<const void*, int>> pending;  // the new states to be swapped, not yet allocated
@@ -467,7 +520,7 @@ void SwapOptimizer::create_first_step_states() {
   }
 }
 
-at::Tensor SwapOptimizer::step(const torch::optim::Optimizer::LossClosure& closure) {
+at::Tensor SwapOptimizer::Rep::step(const torch::optim::Optimizer::LossClosure& closure) {
   if (closure != nullptr) {
     throw InvalidArgument(
         "Swap optimizer does not support a closure: run the forward and backward pass, then call step().");
@@ -513,7 +566,8 @@ at::Tensor SwapOptimizer::step(const torch::optim::Optimizer::LossClosure& closu
   return {};
 }
 
-std::vector<int64_t> SwapOptimizer::disk_batches(const std::vector<Unit>& units, const std::vector<int64_t>& costs) {
+std::vector<int64_t> SwapOptimizer::Rep::disk_batches(const std::vector<Unit>& units,
+                                                      const std::vector<int64_t>& costs) {
   if (units.empty()) return {};
   const int64_t budget = config_.host_budget_bytes();
   const int64_t buffer_bytes =
@@ -551,7 +605,7 @@ std::vector<int64_t> SwapOptimizer::disk_batches(const std::vector<Unit>& units,
   }
 }
 
-DiskTierStats SwapOptimizer::disk_stats() const {
+DiskTierStats SwapOptimizer::Rep::disk_stats() const {
   if (!disk_) throw Error("SwapOptimizer::disk_stats: this optimizer keeps its states in host memory (no swap_dir)");
   return disk_->stats;
 }
@@ -559,13 +613,13 @@ DiskTierStats SwapOptimizer::disk_stats() const {
 // Updates one parameter, or (on an exception) changes nothing: the update allocates
 // before it writes, and step() has checked its inputs. The step count moves only once the
 // update is done.
-void SwapOptimizer::update_unit(Unit& unit, const std::function<at::Tensor(const UnitSlot&)>& swapped_state) {
+void SwapOptimizer::Rep::update_unit(Unit& unit, const std::function<at::Tensor(const UnitSlot&)>& swapped_state) {
   if (!unit.has_grad) return;
   std::vector<at::Tensor> tensors(detail::kSlotCount);
   for (const UnitSlot& slot : unit.slots) tensors[slot.slot] = slot.swapped ? swapped_state(slot) : *slot.holder;
   const auto& options = optimizer_->param_groups()[unit.group].options();
   const detail::AdamHyperParams hyper = detail::adam_hyper_params(options, family_ != Family::kAdam);
-  if (update_fault_) update_fault_(unit.index);
+  env_->before_update(unit.index);
   // The record moves with the count, so that after a failed step it still matches every
   // parameter, updated or not; its entry is made before the update writes.
   int64_t& recorded_step = recorded_steps_[unit.param.unsafeGetTensorImpl()];
@@ -581,18 +635,5 @@ void SwapOptimizer::update_unit(Unit& unit, const std::function<at::Tensor(const
   *unit.state.step = step;
   recorded_step = step;
 }
-
-namespace detail {
-
-void set_update_fault_injector(SwapOptimizer& optimizer, std::function<void(int64_t param_index)> injector) {
-  optimizer.update_fault_ = std::move(injector);
-}
-
-void set_disk_fault_injector(SwapOptimizer& optimizer, DiskFaultInjector injector) {
-  if (!optimizer.disk_) throw Error("set_disk_fault_injector: the optimizer has no disk tier");
-  optimizer.disk_->fault = std::move(injector);
-}
-
-}  // namespace detail
 
 }  // namespace stowage::optim

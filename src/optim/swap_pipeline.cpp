@@ -3,7 +3,7 @@
 #include <stowage/error.h>
 #include <stowage/memory/skipped_sync.h>
 
-#include "exception_message.h"
+#include "util/exception_message.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -17,7 +17,7 @@ using detail::describe;
 using detail::SlotRequest;
 using detail::Source;
 
-StateDict SwapOptimizer::state_dict() {
+StateDict SwapOptimizer::Rep::state_dict() {
   check_steps_are_the_wrappers();
   // The caller reads the host buffers on the CPU: the downloads into them must be done.
   engine_->synchronize(host_ready_);
@@ -72,11 +72,11 @@ const char* const kLoadWhere = "SwapOptimizer load_state_dict";
 
 }  // namespace
 
-void SwapOptimizer::check_load_state_dict(const StateDict& state) {
+void SwapOptimizer::Rep::check_load_state_dict(const StateDict& state) {
   check_swap_state(*adapter_, read_optimizer_layout(state, *optimizer_, kLoadWhere));
 }
 
-void SwapOptimizer::load_state_dict(const StateDict& state) {
+void SwapOptimizer::Rep::load_state_dict(const StateDict& state) {
   const OptimizerLayout layout = read_optimizer_layout(state, *optimizer_, kLoadWhere);
   const std::vector<at::Tensor>& params = layout.params;
   // Check everything, then build the new states; change nothing until all is built.

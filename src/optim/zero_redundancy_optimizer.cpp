@@ -83,6 +83,14 @@ void ZeroRedundancyOptimizer::step() {
   broadcast_shares();
 }
 
+std::vector<int64_t> ZeroRedundancyOptimizer::owners() const {
+  std::vector<int64_t> owner_of(params_.size());
+  for (size_t rank = 0; rank < shares_.size(); ++rank) {
+    for (int64_t i = shares_[rank].begin; i < shares_[rank].end; ++i) owner_of[i] = static_cast<int64_t>(rank);
+  }
+  return owner_of;
+}
+
 void ZeroRedundancyOptimizer::zero_grad() {
   for (at::Tensor& p : params_) p.mutable_grad().reset();
 }

@@ -51,6 +51,7 @@ StateDict create_cpu_state_dict(const StateDict& state, CpuStateDictOptions opti
   const FlatStateDict flat = flatten_state_dict(state);
   std::vector<memory::HostTensorSpec> specs;
   memory::HostAllocOptions host_options{options.pin_memory, options.share_memory};
+  host_options.use = memory::HostBufferUse::kCheckpoint;  // DCP's staging copies
   for (const FlatEntry& entry : flat.entries()) {
     if (!entry.value.isTensor()) continue;
     const at::Tensor& source = entry.value.toTensor();

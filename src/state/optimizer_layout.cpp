@@ -1,7 +1,7 @@
 #include <stowage/error.h>
 #include <stowage/state/optimizer_layout.h>
 
-#include "decimal.h"
+#include "util/decimal.h"
 
 #include <torch/optim/optimizer.h>
 

@@ -356,13 +356,13 @@ TEST(Checkpoint, GradBackwardWithInputsAndCreateGraphAreRejectedAndAutogradKeeps
     EXPECT_THAT(e.what(), HasSubstr("cannot run under torch::autograd::grad()"));
   }
   const at::Tensor loss2 = checkpoint(fn, x).sum();
-  EXPECT_THROW(torch::autograd::backward({loss2}, {}, c10::nullopt, false, {x}), CheckpointError);
+  EXPECT_THROW(torch::autograd::backward({loss2}, {}, c10::nullopt, false, {x}), RecomputationError);
 
   const at::Tensor loss3 = checkpoint(fn, x).sum();
   try {
     loss3.backward({}, /*retain_graph=*/true, /*create_graph=*/true);
     FAIL() << "gradients of gradients through a reentrant checkpoint must fail";
-  } catch (const CheckpointError& e) {
+  } catch (const RecomputationError& e) {
     EXPECT_THAT(e.what(), HasSubstr("create_graph=true"));
   }
   EXPECT_FALSE(x.grad().defined());
@@ -444,7 +444,7 @@ TEST(Checkpoint, DeterminismCheckDetectsADifferentRecomputation) {
   try {
     checkpoint(changes_dtype, x).sum().backward();
     FAIL() << "a recomputation with another dtype must be detected";
-  } catch (const CheckpointError& e) {
+  } catch (const RecomputationError& e) {
     EXPECT_THAT(e.what(), HasSubstr("output 0 shape [4], dtype Double"));
     EXPECT_THAT(e.what(), HasSubstr("dtype Float"));
   }
@@ -464,7 +464,7 @@ TEST(Checkpoint, DeterminismCheckDetectsADifferentRecomputation) {
   try {
     out[0].toTensor().sum().backward();
     FAIL() << "a recomputation with another number of outputs must fail even without the determinism check";
-  } catch (const CheckpointError& e) {
+  } catch (const RecomputationError& e) {
     EXPECT_THAT(e.what(), HasSubstr("returned 2 outputs"));
   }
 }
@@ -495,7 +495,7 @@ TEST(Checkpoint, AFailingRecomputationLeavesRngAndAutogradIntact) {
 }
 
 // The saved inputs are version-checked like any saved tensor: modifying one in place
-// after the forward is a CheckpointError naming the input, never a silently wrong
+// after the forward is a RecomputationError naming the input, never a silently wrong
 // gradient.
 TEST(Checkpoint, InputModifiedInPlaceAfterForwardIsDetected) {
   const at::Tensor leaf = torch::randn({4}).requires_grad_();
@@ -505,7 +505,7 @@ TEST(Checkpoint, InputModifiedInPlaceAfterForwardIsDetected) {
   try {
     y.sum().backward();
     FAIL() << "the in-place modification must be detected";
-  } catch (const CheckpointError& e) {
+  } catch (const RecomputationError& e) {
     EXPECT_THAT(e.what(), HasSubstr("input 0 (shape [4]) was modified in place after the forward"));
   }
   EXPECT_FALSE(leaf.grad().defined());
@@ -515,7 +515,7 @@ TEST(Checkpoint, InputModifiedInPlaceAfterForwardIsDetected) {
 // The recomputation would increment the caller's tensor a second time and compute the
 // weight's gradient at the wrong input; checkpoint refuses instead, naming the input,
 // and the caller's tensor holds what a plain run of fn leaves in it.
-TEST(Checkpoint, FnModifyingAnInputInPlaceIsACheckpointErrorNamingTheInput) {
+TEST(Checkpoint, FnModifyingAnInputInPlaceIsARecomputationErrorNamingTheInput) {
   torch::manual_seed(0);
   torch::nn::Linear linear(8, 8);
   const auto fn = [&](const IValues& in) -> IValues {
@@ -535,7 +535,7 @@ TEST(Checkpoint, FnModifyingAnInputInPlaceIsACheckpointErrorNamingTheInput) {
   try {
     checkpoint(fn, {0.5, input});
     FAIL() << "fn's in-place modification of its input must be detected";
-  } catch (const CheckpointError& e) {
+  } catch (const RecomputationError& e) {
     EXPECT_THAT(e.what(), HasSubstr("fn modified input 1 (shape [4, 8]) in place"));
   }
   EXPECT_TRUE(torch::equal(input, plain_input));
@@ -561,7 +561,7 @@ TEST(Checkpoint, ATensorInsideAContainerInputModifiedInPlaceIsDetected) {
   try {
     out[0].toTensor().sum().backward();
     FAIL() << "the in-place modification must be detected";
-  } catch (const CheckpointError& e) {
+  } catch (const RecomputationError& e) {
     EXPECT_THAT(e.what(), HasSubstr("a tensor (shape [3]) inside input 1 was modified in place after the forward"));
   }
   EXPECT_FALSE(x.grad().defined());
@@ -570,7 +570,7 @@ TEST(Checkpoint, ATensorInsideAContainerInputModifiedInPlaceIsDetected) {
     in[1].toTensorList().get(0).mul_(2);
     return {in[0].toTensor() * 2};
   };
-  EXPECT_THROW(checkpoint(mutating_fn, {x, c10::List<at::Tensor>({scale})}), CheckpointError);
+  EXPECT_THROW(checkpoint(mutating_fn, {x, c10::List<at::Tensor>({scale})}), RecomputationError);
 }
 
 // An fn that behaves differently with grad enabled (as in the recomputation) and
@@ -589,7 +589,7 @@ TEST(Checkpoint, FnModifyingAnInputOnlyInTheRecomputationIsDetected) {
   try {
     out[0].toTensor().sum().backward();
     FAIL() << "the in-place modification must be detected";
-  } catch (const CheckpointError& e) {
+  } catch (const RecomputationError& e) {
     EXPECT_THAT(e.what(),
                 HasSubstr("fn modified a tensor (shape [3]) inside input 1 in place during the recomputation"));
   }

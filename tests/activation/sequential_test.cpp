@@ -160,7 +160,7 @@ int64_t step_peak_bytes(const at::Tensor& x, Forward&& forward) {
 
 // A checkpointed segment whose first module modifies the segment's input in place
 // would modify it again in the recomputation: refused, as for checkpoint().
-TEST(CheckpointSequential, ASegmentModifyingItsInputInPlaceIsACheckpointError) {
+TEST(CheckpointSequential, ASegmentModifyingItsInputInPlaceIsARecomputationError) {
   torch::manual_seed(0);
   torch::nn::Sequential model(torch::nn::Functional([](const at::Tensor& x) { return x.add_(1); }),
                               torch::nn::Linear(6, 6), torch::nn::Tanh(), torch::nn::Linear(6, 2));
@@ -169,7 +169,7 @@ TEST(CheckpointSequential, ASegmentModifyingItsInputInPlaceIsACheckpointError) {
   try {
     checkpoint_sequential(model, 2, input);
     FAIL() << "the segment's in-place modification of its input must be detected";
-  } catch (const CheckpointError& e) {
+  } catch (const RecomputationError& e) {
     EXPECT_THAT(e.what(), HasSubstr("fn modified input 0 (shape [5, 6]) in place"));
   }
   EXPECT_TRUE(torch::equal(input, original + 1));

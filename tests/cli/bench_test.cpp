@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <map>
 #include <sstream>
 
 #include <unistd.h>
@@ -77,6 +78,32 @@ TEST(BenchGradSync, JsonHasEveryFigureOfTwoRanks) {
     EXPECT_GT(figures[key].get<double>(), 0) << key;
   }
   EXPECT_TRUE(figures.contains("hidden_fraction")) << last;
+}
+
+// The ZeRO rows: copies hold the gradients twice, views once, ZeRO-2 this rank's share;
+// the optimizer state is the same share in each.
+TEST(BenchGradSync, ZeroRowsGiveEachModesMemoryPerRank) {
+  const auto result = run_command(stowage_binary() +
+                                  " bench grad-sync --zero --nproc 2 --train-width 32 --train-layers 2 "
+                                  "--train-steps 3 --rounds 1 --json");
+  ASSERT_EQ(result.status, 0) << result.output;
+  const std::string last = last_json_line(result.output);
+  const nlohmann::json figures = nlohmann::json::parse(last);
+  ASSERT_EQ(figures["rows"].size(), 3u) << last;
+  std::map<std::string, nlohmann::json> rows;
+  for (const auto& row : figures["rows"]) rows[row["mode"].get<std::string>()] = row;
+  const auto grads = [&](const char* mode) { return rows.at(mode)["gradient_bytes"].get<int64_t>(); };
+  const auto parameter_bytes = figures["parameter_bytes"].get<int64_t>();
+  EXPECT_EQ(grads("zero1-views"), parameter_bytes) << last;
+  EXPECT_EQ(grads("zero1-copies"), 2 * parameter_bytes) << last;
+  EXPECT_GT(grads("zero2"), 0) << last;
+  EXPECT_LT(grads("zero2"), parameter_bytes) << last;
+  for (const char* mode : {"zero1-copies", "zero1-views", "zero2"}) {
+    EXPECT_EQ(rows.at(mode)["optimizer_bytes"], rows.at("zero2")["optimizer_bytes"]) << mode;
+    EXPECT_GT(rows.at(mode)["tokens_per_s"].get<double>(), 0) << mode;
+    EXPECT_GT(rows.at(mode)["peak_step_bytes"].get<int64_t>(), grads(mode)) << mode;
+  }
+  EXPECT_LE(figures["zero2_gradients_vs_limit"].get<double>(), 1) << last;
 }
 
 }  // namespace

@@ -124,7 +124,7 @@ TEST(CkptDirs, ADirectoryOfPyTorchDcpCheckpointsIsOneToo) {
   const RunDir dir;
   const std::string checkpoint = (dir.path / "step-00000003").string();
   fs::create_directories(dir.path);
-  fs::copy(fs::path(STOWAGE_SOURCE_DIR) / "tests/dcp/fixtures/torch_dcp/one_rank", checkpoint);
+  fs::copy(fs::path(STOWAGE_SOURCE_DIR) / "tests/interop/fixtures/torch_dcp/one_rank", checkpoint);
   const json listed = run_json("ckpt ls --json " + dir.str());
   ASSERT_EQ(listed.size(), 1u) << listed.dump(2);
   EXPECT_EQ(listed[0]["step"], 3);

@@ -24,8 +24,11 @@ StepReport a_step() {
   r.tokens_per_s = 123456;
   r.step_s = 0.0421;
   r.peak_activation_bytes = int64_t(3) << 30;
+  r.peak_step_bytes = int64_t(4) << 30;
   r.optimizer_resident_bytes = int64_t(5) << 20;
-  r.staging_bytes = int64_t(700) << 20;
+  r.gradient_bytes = int64_t(6) << 20;
+  r.checkpoint_host_bytes = int64_t(700) << 20;
+  r.optimizer_host_bytes = int64_t(800) << 20;
   return r;
 }
 
@@ -34,7 +37,7 @@ const std::string kCheckpoint = "ckpt@1200 staged 12 ms, committed 1.23 GB/s";
 TEST(ProgressLine, AWideTerminalShowsEveryField) {
   const std::string line = fit_progress_line(progress_fields(a_step(), kCheckpoint), 400);
   for (const char* field : {"1234/100000", "[", "loss 2.346", "123456 tok/s", "42 ms", "act 3.0 GiB", "optim 5.0 MiB",
-                            "staging 700.0 MiB", "ckpt@1200"}) {
+                            "grads 6.0 MiB", "peak 4.0 GiB", "host ckpt 700.0 MiB + swap 800.0 MiB", "ckpt@1200"}) {
     EXPECT_THAT(line, HasSubstr(field));
   }
 }
@@ -44,8 +47,8 @@ TEST(ProgressLine, NarrowerTerminalsDropTheLeastImportantFieldsFirst) {
   const size_t full = fit_progress_line(fields, 400).size();
   // In the order they go: each width keeps every field more important than the first
   // one dropped.
-  const std::vector<std::string> by_importance = {"1234/100000", "loss", "tok/s",  "[",       "ckpt@",
-                                                  "42 ms",       "act ", "optim ", "staging "};
+  const std::vector<std::string> by_importance = {"1234/100000", "loss",   "tok/s",  "[",     "ckpt@",    "42 ms",
+                                                  "act ",        "optim ", "grads ", "peak ", "host ckpt"};
   size_t previous_shown = by_importance.size();
   for (int columns = static_cast<int>(full); columns >= 0; --columns) {
     SCOPED_TRACE("columns " + std::to_string(columns));

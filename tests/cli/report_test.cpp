@@ -165,5 +165,18 @@ TEST(BenchReportOptions, AReportDirectoryThatCannotBeCreatedIsNamedBeforeAnythin
   fs::remove(file);
 }
 
+TEST(BenchReportOptions, WithoutMatplotlibTheRunFailsBeforeItStartsNamingThePackage) {
+  // A matplotlib that fails to import, ahead of Debian's on the script's path.
+  const fs::path shadow = fs::temp_directory_path() / ("stowage-no-matplotlib-" + std::to_string(getpid()));
+  fs::create_directories(shadow / "matplotlib");
+  std::ofstream(shadow / "matplotlib" / "__init__.py") << "raise ImportError('hidden by the test')\n";
+  const auto result = run_command("PYTHONPATH=" + shadow.string() + " " + stowage_binary() +
+                                  " bench --quick --report " + (shadow / "report").string());
+  EXPECT_NE(result.status, 0);
+  EXPECT_NE(result.output.find("python3-matplotlib"), std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find("benchmark"), std::string::npos) << "it ran the benchmarks: " << result.output;
+  fs::remove_all(shadow);
+}
+
 }  // namespace
 }  // namespace stowage::testing

@@ -1,6 +1,7 @@
 // `stowage train --nproc 2`: data-parallel ranks as real processes over c10d, with the
-// optimizer state sharded; exact resume with two ranks, and resumes that change the
-// number of ranks (1 -> 2, 2 -> 1).
+// optimizer state sharded; exact resume with two ranks, resumes that change the number of
+// ranks (1 -> 2, 2 -> 1), and ZeRO stages 1 and 2: the same training, checkpoints that
+// resume in either, and half the gradient memory with stage 2.
 #include "cli/train_util.h"
 
 #include <stowage/dcp/checkpoint.h>
@@ -45,6 +46,12 @@ double max_difference(const std::string& a, const std::string& b) {
   return worst;
 }
 
+// Gives `run` a copy of `from`'s checkpoint of `step`, for a --resume to start from.
+void copy_checkpoint(const RunDir& from, int step, const RunDir& run) {
+  fs::create_directories(run.path / "checkpoints");
+  fs::copy(step_dir(from, step), step_dir(run, step));
+}
+
 TEST(TrainParallel, TwoRanksResumeBitIdenticallyWithTheOptimizerStateSharded) {
   RunDir straight, resumed;
   const auto a = train(straight, "--nproc 2 --steps 12 --ckpt-every 6");
@@ -84,10 +91,8 @@ TEST(TrainParallel, ResumesWithAnotherNumberOfRanks) {
   RunDir two, one, two_then_one, one_then_two;
   ASSERT_EQ(train(two, "--nproc 2 --steps 12 --ckpt-every 6").status, 0);
   ASSERT_EQ(train(one, "--steps 12 --ckpt-every 6").status, 0);
-  fs::create_directories(two_then_one.path / "checkpoints");
-  fs::create_directories(one_then_two.path / "checkpoints");
-  fs::copy(step_dir(two, 6), step_dir(two_then_one, 6));
-  fs::copy(step_dir(one, 6), step_dir(one_then_two, 6));
+  copy_checkpoint(two, 6, two_then_one);
+  copy_checkpoint(one, 6, one_then_two);
 
   const auto to_one = train(two_then_one, "--steps 12 --ckpt-every 6 --resume");
   ASSERT_EQ(to_one.status, 0) << to_one.output;
@@ -101,6 +106,43 @@ TEST(TrainParallel, ResumesWithAnotherNumberOfRanks) {
   ASSERT_GT(moved, 50 * tolerance) << "the steps 7-12 must move the state far more than the tolerance";
   EXPECT_LT(max_difference(step_dir(two_then_one, 12), step_dir(two, 12)), tolerance);
   EXPECT_LT(max_difference(step_dir(one_then_two, 12), step_dir(one, 12)), tolerance);
+}
+
+TEST(TrainParallel, ZeroStagesOneAndTwoTrainBitIdenticallyAndResumeEachOther) {
+  RunDir stage1, stage2, stage1_then_2;
+  const auto one = train(stage1, "--nproc 2 --steps 8 --ckpt-every 4 --zero-stage 1");
+  ASSERT_EQ(one.status, 0) << one.output;
+  EXPECT_NE(one.output.find("ZeRO stage 1: optimizer state sharded"), std::string::npos) << one.output;
+  const auto two = train(stage2, "--nproc 2 --steps 8 --ckpt-every 4 --zero-stage 2");
+  ASSERT_EQ(two.status, 0) << two.output;
+  EXPECT_NE(two.output.find("ZeRO stage 2: optimizer state and gradients sharded"), std::string::npos) << two.output;
+  // Two ranks sum each gradient in the same order, reduced to its owner or to both.
+  expect_same_checkpoint(step_dir(stage1, 8), step_dir(stage2, 8));
+
+  copy_checkpoint(stage1, 4, stage1_then_2);
+  const auto resumed = train(stage1_then_2, "--nproc 2 --steps 8 --ckpt-every 4 --zero-stage 2 --resume");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  expect_same_checkpoint(step_dir(stage1, 8), step_dir(stage1_then_2, 8));
+
+  // Stage 1 keeps every gradient on each rank, stage 2 those of the rank's own share
+  // (about half); the optimizer state is the same share in both.
+  const json m1 = last_step_record(stage1);
+  const json m2 = last_step_record(stage2);
+  const auto grads1 = m1["gradient_bytes"].get<double>();
+  const auto grads2 = m2["gradient_bytes"].get<double>();
+  EXPECT_GT(grads2, 0.3 * grads1) << m2.dump();
+  EXPECT_LT(grads2, 0.6 * grads1) << m1.dump() << m2.dump();
+  EXPECT_EQ(m1["optimizer_resident_bytes"], m2["optimizer_resident_bytes"]);
+}
+
+TEST(TrainParallel, ZeroStagesOtherThanOneAndTwoAreRefused) {
+  for (const char* stage : {"0", "3"}) {
+    RunDir run;
+    const auto result = train(run, std::string("--nproc 2 --steps 2 --zero-stage ") + stage);
+    EXPECT_NE(result.status, 0) << stage;
+    EXPECT_NE(result.output.find("--zero-stage"), std::string::npos) << result.output;
+    EXPECT_FALSE(fs::exists(run.path)) << stage;
+  }
 }
 
 TEST(TrainParallel, RejectsABatchThatDoesNotSplitOverTheRanks) {

@@ -46,14 +46,36 @@ TEST(TrainOnSim, ResumingOnTheDeviceEndsAsTheUninterruptedRun) {
             fingerprint(halves.str() + "/checkpoints/step-00000004"));
 }
 
+// Offloading the checkpoints' inputs to host memory, and checkpointing the attention core
+// alone, train on the device bit-identically to keeping everything there.
+TEST(TrainOnSim, OffloadedCheckpointInputsAndSelectiveRecomputeTrainAsThePlainRun) {
+  if (!build_info().with_sim) GTEST_SKIP() << "the simulated device needs LibTorch 2.x";
+  const std::string common = "--steps 3 --ckpt-every 3 --swap-times 0 ";
+  RunDir plain, offloaded, selective;
+  ASSERT_EQ(train_on_sim(plain, "64MiB", common + "--recompute-segments 0").status, 0);
+  const auto with_offload =
+      train_on_sim(offloaded, "64MiB", common + "--recompute-segments 4 --offload-checkpoint-inputs");
+  ASSERT_EQ(with_offload.status, 0) << with_offload.output;
+  EXPECT_THAT(with_offload.output, HasSubstr("activation checkpointing: 4 segments, inputs offloaded"));
+  ASSERT_EQ(
+      train_on_sim(selective, "64MiB",
+                   common + "--recompute-segments 0 --selective-recompute attention-core --offload-checkpoint-inputs")
+          .status,
+      0);
+  EXPECT_EQ(fingerprint(plain.str() + "/checkpoints/step-00000003"),
+            fingerprint(offloaded.str() + "/checkpoints/step-00000003"));
+  EXPECT_EQ(fingerprint(plain.str() + "/checkpoints/step-00000003"),
+            fingerprint(selective.str() + "/checkpoints/step-00000003"));
+}
+
 // Data parallelism on a device without a collective library of its own: the gradients go
 // over Gloo on host copies, as c10d offers such a device.
-TEST(TrainOnSim, TwoRanksAllReduceTheirGradientsThroughHostCopies) {
+TEST(TrainOnSim, TwoRanksReduceTheirGradientsThroughHostCopies) {
   if (!build_info().with_sim) GTEST_SKIP() << "the simulated device needs LibTorch 2.x";
   RunDir dir;
   const auto result = train_on_sim(dir, "64MiB", "--steps 2 --nproc 2");
   ASSERT_EQ(result.status, 0) << result.output;
-  EXPECT_THAT(result.output, HasSubstr("on sim:0, gradients all-reduced through c10d gloo (host copies)"));
+  EXPECT_THAT(result.output, HasSubstr("on sim:0, gradients reduced through c10d gloo (host copies)"));
   EXPECT_THAT(result.output, HasSubstr("done: steps 1-2"));
 }
 

@@ -140,17 +140,33 @@ TEST(Ckpt, VerifyReportsTheFirstCorruptEntryAndFails) {
   EXPECT_NE(result.output.find("corrupt"), std::string::npos) << result.output;
 }
 
+// Checkpointing one part of each block (selective recompute) trains as plain training
+// does, bit for bit.
+TEST(Train, SelectiveRecomputeTrainsBitIdenticallyToNoRecompute) {
+  RunDir plain, attention_core, mlp;
+  const std::string common = "--steps 4 --ckpt-every 4 --swap-times 0 --recompute-segments 0";
+  ASSERT_EQ(train(plain, common).status, 0);
+  const auto selective = train(attention_core, common + " --selective-recompute attention-core");
+  ASSERT_EQ(selective.status, 0) << selective.output;
+  EXPECT_THAT(selective.output, ::testing::HasSubstr("activation checkpointing: selective (attention-core)"));
+  ASSERT_EQ(train(mlp, common + " --selective-recompute mlp").status, 0);
+  expect_same_checkpoint(step_dir(plain, 4), step_dir(attention_core, 4));
+  expect_same_checkpoint(step_dir(plain, 4), step_dir(mlp, 4));
+}
+
 // Bad options are found before anything is created: the run directory stays absent.
 TEST(Train, BadInputsLeaveNoRunDirectoryBehind) {
-  // kSmall has 2 blocks: 3 segments are too many.
-  for (const std::string& args :
-       {std::string("--corpus /nonexistent/corpus.txt"), std::string("--recompute-segments 3")}) {
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--corpus /nonexistent/corpus.txt", "/nonexistent/corpus.txt"},
+           {"--recompute-segments 3", "--recompute-segments 3"},  // kSmall has 2 blocks: 3 segments are too many
+           {"--recompute-segments 1 --selective-recompute mlp",
+            "pass --recompute-segments 0 with --selective-recompute"},
+           {"--recompute-segments 0 --offload-checkpoint-inputs", "but none are made"}}) {
     SCOPED_TRACE(args);
     RunDir dir;
     const auto result = train(dir, "--steps 2 " + args);
     EXPECT_NE(result.status, 0) << result.output;
-    EXPECT_THAT(result.output, ::testing::AnyOf(::testing::HasSubstr("/nonexistent/corpus.txt"),
-                                                ::testing::HasSubstr("--recompute-segments 3")));
+    EXPECT_THAT(result.output, ::testing::HasSubstr(message));
     EXPECT_FALSE(fs::exists(dir.path)) << "created " << dir.str();
   }
 }
@@ -167,6 +183,16 @@ TEST(Train, ADeviceThatIsNoneOrMissingHereIsAClearErrorBeforeAnythingIsCreated) 
     EXPECT_THAT(result.output, ::testing::HasSubstr(message));
     EXPECT_FALSE(fs::exists(dir.path)) << "created " << dir.str();
   }
+}
+
+// --device cuda is each rank's cuda:LOCAL_RANK, one GPU per rank as torchrun numbers a
+// node's ranks: here the device an error names, on a machine without one.
+TEST(Train, CudaWithoutAnIndexIsTheLocalRanksDevice) {
+  RunDir dir;
+  const auto result =
+      run_command("LOCAL_RANK=3 " + stowage_binary() + " train --run-dir " + dir.str() + kSmall + " --device cuda");
+  EXPECT_NE(result.status, 0) << result.output;
+  EXPECT_THAT(result.output, ::testing::HasSubstr("--device 'cuda:3': this ")) << result.output;
 }
 
 // A run directory that cannot be created (here: below a regular file) is an error
@@ -217,6 +243,31 @@ TEST(Train, MetricsOfAKilledRunHoldEveryReportedStep) {
   }
   ASSERT_GE(steps.size(), static_cast<size_t>(kKillAfter)) << output;
   for (size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(steps[i], static_cast<int>(i) + 1);
+}
+
+// The metrics keep the host buffers of checkpoint staging apart from the swapped
+// optimizer state's: no staging before the first checkpoint.
+TEST(Train, MetricsSeparateCheckpointStagingFromTheSwappedOptimizerState) {
+  RunDir dir;
+  const auto result = train(dir, "--steps 5 --ckpt-every 3 --swap-times 2");
+  ASSERT_EQ(result.status, 0) << result.output;
+  std::ifstream metrics(dir.path / "metrics.jsonl");
+  int64_t steps = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const json record = json::parse(line);
+    if (record["event"] != "step") continue;
+    ++steps;
+    const auto step = record["step"].get<int64_t>();
+    EXPECT_GT(record["optimizer_host_bytes"].get<int64_t>(), 0) << line;
+    if (step <= 3) {
+      EXPECT_EQ(record["checkpoint_host_bytes"].get<int64_t>(), 0) << line;  // saved after step 3's record
+    } else {
+      EXPECT_GT(record["checkpoint_host_bytes"].get<int64_t>(), 0) << line;
+    }
+    EXPECT_GT(record["gradient_bytes"].get<int64_t>(), 0) << line;
+    EXPECT_GE(record["peak_step_bytes"].get<int64_t>(), record["peak_activation_bytes"].get<int64_t>()) << line;
+  }
+  EXPECT_EQ(steps, 5);
 }
 
 TEST(Ckpt, LsRejectsADirectoryThatIsNoRun) {

@@ -61,15 +61,21 @@ inline std::map<std::string, std::string> fingerprint(const std::string& checkpo
   return out;
 }
 
-// The highest step the run's metrics.jsonl has logged so far (0: none).
-inline int64_t logged_step(const RunDir& dir) {
+// The last step record of the run's metrics.jsonl (null: none).
+inline json last_step_record(const RunDir& dir) {
   std::ifstream file(dir.path / "metrics.jsonl");
-  int64_t step = 0;
+  json last;
   for (std::string line; std::getline(file, line);) {
     const json record = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (record.is_object() && record.value("event", "") == "step") step = record["step"].get<int64_t>();
+    if (record.is_object() && record.value("event", "") == "step") last = record;
   }
-  return step;
+  return last;
+}
+
+// The highest step the run's metrics.jsonl has logged so far (0: none).
+inline int64_t logged_step(const RunDir& dir) {
+  const json last = last_step_record(dir);
+  return last.is_null() ? 0 : last["step"].get<int64_t>();
 }
 
 inline std::string step_dir(const RunDir& dir, int step) {

@@ -2,8 +2,8 @@
 // read-only mappings of the data files: these tests cover that path and its fallbacks,
 // and the writer's copies ahead of its writes (per_thread_copy_ahead).
 
-#include "dcp/copy_ahead.h"
-#include "dcp/mapped_file.h"
+#include "dcp/storage/copy_ahead.h"
+#include "dcp/storage/mapped_file.h"
 #include "dcp/test_util.h"
 
 #include <stowage/error.h>

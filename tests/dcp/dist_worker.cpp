@@ -14,7 +14,7 @@
 //                 nothing
 //   early DIR     saves, loads and async_saves in which rank 1 fails before the first
 //                 collective (a Stateful that throws, an undefined tensor, an empty
-//                 path): every rank must raise a CheckpointError naming rank 1 within
+//                 path): every rank must raise a DistributedCheckpointError naming rank 1 within
 //                 seconds, and the group must stay usable
 //   reject DIR    async_save with PendingSave::kReject while only rank 1 has a save in
 //                 flight: every rank must reject, naming rank 1, and the save in
@@ -316,7 +316,7 @@ void fail_command(const dist::ProcessGroup& group, const std::string& dir) {
   try {
     dcp::save(make_state(2, true), failing, group);
     REQUIRE(false, "the save with a failing rank succeeded");
-  } catch (const dcp::CheckpointError& e) {
+  } catch (const dcp::DistributedCheckpointError& e) {
     REQUIRE(e.step() == "write" && e.failures().size() == 1 && e.failures().count(1) == 1, "{}", e.what());
     REQUIRE(std::string(e.what()).find("injected disk failure") != std::string::npos, "{}", e.what());
     // The rank's IoError travels with its fields.
@@ -352,7 +352,7 @@ void die_command(const dist::ProcessGroup& group, const std::string& dir, int64_
   try {
     dcp::save(make_state(2, true), dying, group);
     REQUIRE(false, "the save with a dead rank succeeded");
-  } catch (const dcp::CheckpointError& e) {
+  } catch (const dcp::DistributedCheckpointError& e) {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::cout << fmt::format("rank {} failed after {:.1f} s: {}\n", g_rank, seconds, e.what());
     REQUIRE(seconds < group.timeout().count() / 1000.0 + 5, "took {} s", seconds);
@@ -376,7 +376,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// Runs `operation` (`what`), which must raise on every rank a CheckpointError of `step`
+// Runs `operation` (`what`), which must raise on every rank a DistributedCheckpointError of `step`
 // naming rank 1 with `cause`, long before the group's timeout: no rank waited for one
 // that had given up.
 template <typename Operation>
@@ -386,7 +386,7 @@ void expect_rank1_failure(const dist::ProcessGroup& group, const char* what, con
   try {
     operation();
     REQUIRE(false, "{} succeeded", what);
-  } catch (const dcp::CheckpointError& e) {
+  } catch (const dcp::DistributedCheckpointError& e) {
     REQUIRE(e.step() == step && e.failures().size() == 1 && e.failures().count(1) == 1, "{}: {}", what, e.what());
     REQUIRE(e.failures().at(1).message.find(cause) != std::string::npos, "{}: {}", what, e.what());
   }

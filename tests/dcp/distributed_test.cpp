@@ -54,7 +54,7 @@ TEST(DcpDistributed, SavedWithNRanksLoadsWithMRanksAndAsyncSavesOnSeveralRanks) 
 }
 
 TEST(DcpDistributed, AFailingRankFailsEveryRankCommitsNothingAndTheNextSaveResumes) {
-  // The worker checks that every rank raises a CheckpointError naming rank 1 and the
+  // The worker checks that every rank raises a DistributedCheckpointError naming rank 1 and the
   // cause, that the previous checkpoint still loads, that nothing of the failed save
   // is left, and that the next save and load succeed.
   const ScratchDir dir;
@@ -63,7 +63,7 @@ TEST(DcpDistributed, AFailingRankFailsEveryRankCommitsNothingAndTheNextSaveResum
 
 TEST(DcpDistributed, ARankFailingBeforeTheFirstCollectiveFailsEveryRankAtOnce) {
   // A throwing Stateful, an undefined tensor or an empty path on rank 1, in save, load
-  // and async_save: the worker checks that every rank raises a CheckpointError naming
+  // and async_save: the worker checks that every rank raises a DistributedCheckpointError naming
   // rank 1 and the cause in under half the group's timeout (the peers did not wait for
   // it), that nothing was committed, and that the group still saves and loads.
   const ScratchDir dir;
@@ -135,7 +135,7 @@ void expect_survivors_name_the_dead_rank(int world, int dying_rank) {
     const std::string log = testing::read_file(dir.sub("rank" + std::to_string(survivor) + ".log"));
     EXPECT_EQ(status[survivor], 0) << log;
     EXPECT_NE(log.find(fmt::format("rank {} failed after", survivor)), std::string::npos) << log;
-    // Its error names the dead rank (the worker checks CheckpointError::failures).
+    // Its error names the dead rank (the worker checks DistributedCheckpointError::failures).
     EXPECT_NE(log.find(fmt::format("[rank {}] dead or unresponsive", dying_rank)), std::string::npos) << log;
   }
   // The first save's checkpoint is still the committed one and loads in one process.

@@ -33,7 +33,7 @@ TEST(DcpErrorMessages, ARanksC10ErrorIsReportedWithoutLibTorchsBacktrace) {
   try {
     save(state, dir.path(), group);
     ADD_FAILURE() << "the save did not fail";
-  } catch (const CheckpointError& e) {
+  } catch (const DistributedCheckpointError& e) {
     ASSERT_EQ(e.failures().count(0), 1u) << e.what();
     EXPECT_THAT(e.failures().at(0).message, HasSubstr("injected c10 failure"));
     EXPECT_THAT(e.failures().at(0).message, Not(HasSubstr("Exception raised from")));

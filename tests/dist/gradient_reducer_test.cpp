@@ -1,6 +1,8 @@
 // GradientReducer on groups of 1 to 3 ranks run as threads: the gradients after
 // synchronize() are the mean of every rank's, with the overlap and without, in buckets
-// of the cap; misuse and bad parameters are refused by name.
+// of the cap, bit for bit what copying each gradient into a flat bucket gives; they are
+// views of the buckets; with gradient owners each rank keeps only its own; misuse, bad
+// parameters and parameters that change are refused by name.
 
 #include "process_groups.h"
 
@@ -83,8 +85,208 @@ TEST_P(GradientReducerRanks, GradientsBecomeTheMeanOverTheRanks) {
   });
 }
 
+// What a reducer that copies each gradient into a flat bucket gives (stowage's before
+// the gradients became views of the buckets): per bucket, the gradients side by side,
+// all-reduced on `group` and divided by the ranks.
+std::vector<at::Tensor> copied_and_all_reduced(const std::vector<at::Tensor>& params,
+                                               const std::vector<std::vector<size_t>>& buckets,
+                                               const ProcessGroup& group) {
+  std::vector<at::Tensor> means(params.size());
+  for (const std::vector<size_t>& bucket : buckets) {
+    std::vector<at::Tensor> flat;
+    flat.reserve(bucket.size());
+    for (const size_t i : bucket) flat.push_back(params[i].grad().reshape(-1));
+    at::Tensor sum = at::cat(flat);
+    group.all_reduce_sum(sum);
+    sum.div_(static_cast<double>(group.size()));
+    int64_t offset = 0;
+    for (const size_t i : bucket) {
+      means[i] = sum.narrow(0, offset, params[i].numel()).view(params[i].sizes());
+      offset += params[i].numel();
+    }
+  }
+  return means;
+}
+
+TEST_P(GradientReducerRanks, BitIdenticalToCopyingEachGradientIntoItsBucket) {
+  const int64_t ranks = std::get<0>(GetParam());
+  const bool overlap = std::get<1>(GetParam());
+  stowage::testing::run_ranks(ranks, [&](const ProcessGroup& group) {
+    for (const bool views : {true, false}) {
+      SCOPED_TRACE(views ? "bucket views" : "copies");
+      std::vector<at::Tensor> mine = mlp_params();
+      std::vector<at::Tensor> reference = mlp_params();
+      GradientReducer reducer(
+          mine, group, GradientReducerOptions().bucket_cap_mb(3e-3).overlap(overlap).gradient_as_bucket_view(views));
+      for (int step = 0; step < 2; ++step) {
+        reducer.zero_grad();
+        for (at::Tensor& p : reference) p.mutable_grad() = at::Tensor();
+        mlp_loss(mine, group.rank() + step).backward();
+        mlp_loss(reference, group.rank() + step).backward();
+        reducer.synchronize();
+        const std::vector<at::Tensor> expected = copied_and_all_reduced(reference, reducer.buckets(), group);
+        for (size_t i = 0; i < mine.size(); ++i) {
+          EXPECT_TRUE(mine[i].grad().equal(expected[i])) << "rank " << group.rank() << " parameter " << i;
+          if (!views && i > 0) EXPECT_FALSE(mine[i].grad().is_alias_of(mine[i - 1].grad())) << "parameter " << i;
+        }
+      }
+    }
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(RanksAndOverlap, GradientReducerRanks,
                          ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Bool()));
+
+TEST(GradientReducer, GradientsAreViewsOfTheBucketsFromStepToStep) {
+  stowage::testing::run_ranks(2, [](const ProcessGroup& group) {
+    std::vector<at::Tensor> params = mlp_params();
+    params[0].mutable_grad() = at::full_like(params[0], 7.0);  // a gradient the caller had is kept
+    GradientReducer reducer(params, group, GradientReducerOptions().bucket_cap_mb(3e-3));
+    EXPECT_TRUE(params[0].grad().equal(at::full_like(params[0], 7.0)));
+    std::vector<const void*> storage;
+    storage.reserve(params.size());
+    for (const at::Tensor& p : params) storage.push_back(p.grad().data_ptr());
+    // The parameters of a bucket share one storage, side by side.
+    for (const std::vector<size_t>& bucket : reducer.buckets()) {
+      for (size_t k = 1; k < bucket.size(); ++k) {
+        const at::Tensor& grad = params[bucket[k]].grad();
+        const at::Tensor& previous = params[bucket[k - 1]].grad();
+        EXPECT_TRUE(grad.is_alias_of(previous)) << "parameter " << bucket[k];
+        EXPECT_EQ(static_cast<const char*>(grad.data_ptr()),
+                  static_cast<const char*>(previous.data_ptr()) + previous.nbytes());
+      }
+    }
+    for (int step = 0; step < 2; ++step) {
+      reducer.zero_grad();
+      mlp_loss(params, group.rank()).backward();
+      reducer.synchronize();
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_EQ(params[i].grad().data_ptr(), storage[i]) << "parameter " << i << ": a copy, not the bucket";
+    }
+  });
+}
+
+// Each rank owns one half of the parameters; only the owner gets their mean.
+TEST(GradientReducer, WithOwnersEachRankKeepsTheMeanOfItsOwnParametersOnly) {
+  for (const int64_t ranks : {2, 3}) {
+    SCOPED_TRACE("ranks " + std::to_string(ranks));
+    const std::vector<at::Tensor> expected = mean_gradients(ranks, /*skip_last=*/true);
+    stowage::testing::run_ranks(ranks, [&](const ProcessGroup& group) {
+      std::vector<at::Tensor> mine = mlp_params();
+      std::vector<at::Tensor> everyones = mlp_params();
+      std::vector<int64_t> owners(mine.size());
+      for (size_t i = 0; i < owners.size(); ++i) owners[i] = static_cast<int64_t>(i * ranks / owners.size());
+      GradientReducer sharded(mine, group, GradientReducerOptions().bucket_cap_mb(3e-3).gradient_owners(owners));
+      GradientReducer replicated(everyones, group, GradientReducerOptions().bucket_cap_mb(3e-3));
+      // A bucket holds one owner's parameters.
+      for (const std::vector<size_t>& bucket : sharded.buckets()) {
+        for (const size_t i : bucket) EXPECT_EQ(owners[i], owners[bucket.front()]) << "parameter " << i;
+      }
+      for (int step = 0; step < 2; ++step) {
+        sharded.zero_grad();
+        replicated.zero_grad();
+        mlp_loss(mine, group.rank(), /*skip_last=*/true).backward();
+        mlp_loss(everyones, group.rank(), /*skip_last=*/true).backward();
+        sharded.synchronize();
+        replicated.synchronize();
+        for (size_t i = 0; i < mine.size(); ++i) {
+          if (owners[i] != group.rank()) {
+            EXPECT_FALSE(mine[i].grad().defined()) << "rank " << group.rank() << " kept parameter " << i;
+            continue;
+          }
+          ASSERT_TRUE(mine[i].grad().defined()) << "parameter " << i;
+          EXPECT_TRUE(at::allclose(mine[i].grad(), expected[i], 1e-5, 1e-6)) << "parameter " << i;
+          // Two ranks sum in the same order either way.
+          if (ranks == 2) EXPECT_TRUE(mine[i].grad().equal(everyones[i].grad())) << "parameter " << i;
+        }
+      }
+    });
+  }
+}
+
+TEST(GradientReducer, AParameterWithoutAGradientThisStepCountsAsZeros) {
+  stowage::testing::run_ranks(2, [](const ProcessGroup& group) {
+    std::vector<at::Tensor> params = mlp_params();
+    GradientReducer reducer(params, group, GradientReducerOptions().bucket_cap_mb(3e-3));
+    mlp_loss(params, group.rank()).backward();
+    reducer.synchronize();
+    ASSERT_NE(params.back().grad().abs().sum().item<double>(), 0);
+    // Reset rather than zeroed, as Module::zero_grad() does on LibTorch 2.x: the bucket
+    // still holds the last step's mean.
+    for (at::Tensor& p : params) p.mutable_grad().reset();
+    mlp_loss(params, group.rank(), /*skip_last=*/true).backward();  // the last bias unused
+    reducer.synchronize();
+    EXPECT_TRUE(params.back().grad().equal(at::zeros_like(params.back())));
+  });
+}
+
+// A Function whose backward gives `weight` no gradient: autograd calls its AccumulateGrad
+// with none, and the reducer's hook fires all the same.
+struct ScaleWithoutWeightGradient : torch::autograd::Function<ScaleWithoutWeightGradient> {
+  static at::Tensor forward(torch::autograd::AutogradContext* /*ctx*/, const at::Tensor& x, const at::Tensor& weight) {
+    return x * weight.sum();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* /*ctx*/,
+                                                 torch::autograd::variable_list grads) {
+    return {grads[0], at::Tensor()};
+  }
+};
+
+TEST(GradientReducer, ANoneGradientAfterAResetCountsAsZerosNotTheLastStepsMean) {
+  stowage::testing::run_ranks(2, [](const ProcessGroup& group) {
+    const at::Tensor x = at::arange(4, at::kFloat).requires_grad_();
+    const at::Tensor weight = at::ones({3}).requires_grad_();
+    GradientReducer reducer({x, weight}, group, GradientReducerOptions().bucket_cap_mb(1e-5));  // one each
+    (x * weight.sum()).sum().backward();
+    reducer.synchronize();
+    ASSERT_TRUE(weight.grad().equal(at::full({3}, 6.0)));
+    for (const at::Tensor& p : {x, weight}) p.mutable_grad().reset();  // as Module::zero_grad() on 2.x
+    ScaleWithoutWeightGradient::apply(x, weight).sum().backward();
+    reducer.synchronize();
+    EXPECT_TRUE(weight.grad().equal(at::zeros({3}))) << weight.grad();
+    EXPECT_TRUE(x.grad().equal(at::ones({4})));
+  });
+}
+
+// The gradients after synchronize() are the means of what backward accumulated, whatever
+// the caller set .grad() to in between (GradientReducerOptions::overlap).
+TEST(GradientReducer, AGradientReplacedAfterBackwardStillBecomesTheMean) {
+  const std::vector<at::Tensor> expected = mean_gradients(2);
+  stowage::testing::run_ranks(2, [&](const ProcessGroup& group) {
+    std::vector<at::Tensor> params = mlp_params();
+    GradientReducer reducer(params, group, GradientReducerOptions().bucket_cap_mb(3e-3));
+    const void* bucket_storage = params[0].grad().data_ptr();
+    mlp_loss(params, group.rank()).backward();
+    params[0].mutable_grad() = at::full_like(params[0], 7.0);
+    reducer.synchronize();
+    EXPECT_TRUE(at::allclose(params[0].grad(), expected[0]));
+    EXPECT_EQ(params[0].grad().data_ptr(), bucket_storage) << "not the bucket's view";
+  });
+}
+
+TEST(GradientReducer, AParameterThatChangesShapeOrDeviceIsRefusedByName) {
+  stowage::testing::run_ranks(1, [](const ProcessGroup& group) {
+    std::vector<at::Tensor> params = mlp_params();
+    GradientReducer reducer(params, group);
+    {
+      const at::NoGradGuard no_grad;
+      params[3].set_data(at::zeros({5}));
+    }
+    for (const bool zeroing : {true, false}) {
+      try {
+        if (zeroing) {
+          reducer.zero_grad();
+        } else {
+          reducer.synchronize();
+        }
+        ADD_FAILURE() << "accepted a parameter of another shape";
+      } catch (const InvalidArgument& e) {
+        EXPECT_THAT(e.what(), HasSubstr("parameter 3 changed from [32] Float on cpu to [5] Float on cpu"));
+      }
+    }
+  });
+}
 
 TEST(GradientReducer, BucketsFillUpToTheCapFromTheLastParameter) {
   stowage::testing::run_ranks(1, [](const ProcessGroup& group) {
@@ -118,6 +320,113 @@ TEST(GradientReducer, AGradientAfterItsBucketWasSentIsRefusedByName) {
   });
 }
 
+TEST(GradientReducer, AGradientAfterItsBucketWasSentIsRefusedByNameWithOwnersToo) {
+  stowage::testing::run_ranks(2, [](const ProcessGroup& group) {
+    std::vector<at::Tensor> params = {at::ones({4}).requires_grad_(), at::ones({4}).requires_grad_()};
+    GradientReducer reducer(params, group, GradientReducerOptions().gradient_owners({1, 0}));  // one bucket each
+    (params[0] * 2).sum().backward();
+    (params[0] * 3 + params[1]).sum().backward();
+    try {
+      reducer.synchronize();
+      ADD_FAILURE() << "averaged a partial gradient";
+    } catch (const InvalidArgument& e) {
+      EXPECT_THAT(e.what(), HasSubstr("parameter 0 got a gradient after its bucket was sent"));
+    }
+    reducer.zero_grad();
+    (params[0] * 2 + params[1]).sum().backward();
+    reducer.synchronize();
+    EXPECT_TRUE(params[group.rank() == 1 ? 0 : 1].grad().equal(at::full({4}, group.rank() == 1 ? 2.0 : 1.0)));
+    EXPECT_FALSE(params[group.rank() == 1 ? 1 : 0].grad().defined());
+  });
+}
+
+// Only rank 1 uses parameter 0 in a second backward; rank 0's bucket was reduced with
+// rank 1's partial gradient, so both must refuse the step.
+TEST(GradientReducer, AGradientAfterItsBucketWasSentOnOneRankIsRefusedOnEvery) {
+  stowage::testing::run_ranks(2, [](const ProcessGroup& group) {
+    std::vector<at::Tensor> params = {at::ones({4}).requires_grad_(), at::ones({4}).requires_grad_()};
+    GradientReducer reducer(params, group, GradientReducerOptions().bucket_cap_mb(1e-5));  // one each
+    (params[0] * 2 + params[1]).sum().backward();                                          // both buckets sent
+    if (group.rank() == 1) (params[0] * 3).sum().backward();
+    try {
+      reducer.synchronize();
+      ADD_FAILURE() << "rank " << group.rank() << " kept a gradient reduced with a partial one";
+    } catch (const InvalidArgument& e) {
+      EXPECT_THAT(e.what(), HasSubstr("parameter 0 got a gradient after its bucket was sent, on rank 1"));
+    }
+  });
+}
+
+TEST(GradientReducer, ABackwardWithCreateGraphIsRefusedByName) {
+  stowage::testing::run_ranks(1, [](const ProcessGroup& group) {
+    std::vector<at::Tensor> params = mlp_params();
+    GradientReducer reducer(params, group);
+    mlp_loss(params, 0).backward({}, /*retain_graph=*/true, /*create_graph=*/true);
+    try {
+      reducer.synchronize();
+      ADD_FAILURE() << "detached gradients that had a graph";
+    } catch (const InvalidArgument& e) {
+      EXPECT_THAT(e.what(), HasSubstr("from a backward with create_graph=true, on rank 0"));
+    }
+  });
+}
+
+// set_data to another dtype and back (a Module::to round trip) gives a parameter a new
+// AccumulateGrad node: the reducer follows it, before or after zero_grad().
+TEST(GradientReducer, ParametersThatGetANewGradAccumulatorAreStillReduced) {
+  const std::vector<at::Tensor> expected = mean_gradients(2);
+  stowage::testing::run_ranks(2, [&](const ProcessGroup& group) {
+    std::vector<at::Tensor> params = mlp_params();
+    GradientReducer reducer(params, group, GradientReducerOptions().bucket_cap_mb(3e-3));
+    const auto round_trip = [&] {
+      const at::NoGradGuard no_grad;
+      params[3].set_data(params[3].to(at::kDouble));
+      params[3].set_data(params[3].to(at::kFloat));
+    };
+    for (const bool before_zero_grad : {true, false}) {
+      if (before_zero_grad) round_trip();
+      reducer.zero_grad();
+      if (!before_zero_grad) round_trip();
+      mlp_loss(params, group.rank()).backward();
+      reducer.synchronize();
+      for (size_t i = 0; i < params.size(); ++i) {
+        EXPECT_TRUE(at::allclose(params[i].grad(), expected[i], 1e-5, 1e-6))
+            << "parameter " << i << (before_zero_grad ? " (before zero_grad)" : " (after zero_grad)");
+      }
+    }
+  });
+}
+
+// An Embedding with sparse=true gives sparse gradients, which the buckets take dense:
+// accumulated into a view, or copied when the gradient is the caller's or another rank's;
+// with the buckets a copy, the mean replaces the sparse gradient.
+TEST(GradientReducer, SparseGradientsAreReducedToo) {
+  const auto loss = [](const at::Tensor& table, int64_t rank) {
+    const at::Tensor ids = at::tensor(std::vector<int64_t>{1 + rank, 3, 3}, at::kLong);
+    return at::embedding(table, ids, -1, false, /*sparse=*/true).pow(2).sum();
+  };
+  const auto table = [] { return (at::arange(24, at::kFloat).reshape({6, 4}) * 0.1).requires_grad_(); };
+  at::Tensor expected = table();
+  for (int64_t rank = 0; rank < 2; ++rank) loss(expected, rank).backward();
+  expected = expected.grad().to_dense() / 2.0;
+  stowage::testing::run_ranks(2, [&](const ProcessGroup& group) {
+    for (const auto& [owners, views] : {std::pair{false, true}, {true, true}, {false, false}, {true, false}}) {
+      std::vector<at::Tensor> params = {table(), table()};
+      auto options = GradientReducerOptions().bucket_cap_mb(1e-5).gradient_as_bucket_view(views);
+      if (owners) options.gradient_owners({0, 1});
+      GradientReducer reducer(params, group, options);
+      for (at::Tensor& p : params) p.mutable_grad().reset();  // as Module::zero_grad() on LibTorch 2.x
+      (loss(params[0], group.rank()) + loss(params[1], group.rank())).backward();
+      reducer.synchronize();
+      for (int64_t i = 0; i < 2; ++i) {
+        if (owners && i != group.rank()) continue;
+        EXPECT_TRUE(at::allclose(params[i].grad(), expected))
+            << "parameter " << i << (owners ? " with owners" : "") << (views ? "" : ", buckets a copy");
+      }
+    }
+  });
+}
+
 TEST(GradientReducer, BadParametersAndOptionsAreRefusedByName) {
   stowage::testing::run_ranks(1, [](const ProcessGroup& group) {
     const at::Tensor leaf = at::ones({4}).requires_grad_();
@@ -133,6 +442,16 @@ TEST(GradientReducer, BadParametersAndOptionsAreRefusedByName) {
     EXPECT_THROW(GradientReducer(std::vector<at::Tensor>{leaf}, group, GradientReducerOptions().bucket_cap_mb(0)),
                  InvalidArgument);
     EXPECT_THROW(GradientReducer(std::vector<at::Tensor>{}, group), InvalidArgument);
+    try {
+      const GradientReducer reducer(std::vector<at::Tensor>{leaf}, group,
+                                    GradientReducerOptions().gradient_owners({1}));
+      ADD_FAILURE() << "accepted an owner that is no rank";
+    } catch (const InvalidArgument& e) {
+      EXPECT_THAT(e.what(), HasSubstr("gives parameter 0 to rank 1, not a rank of this group of 1"));
+    }
+    EXPECT_THROW(
+        GradientReducer(std::vector<at::Tensor>{leaf}, group, GradientReducerOptions().gradient_owners({0, 0})),
+        InvalidArgument);
   });
 }
 

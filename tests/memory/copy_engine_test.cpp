@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <stdexcept>
 #include <vector>
 
@@ -81,6 +82,10 @@ TEST(CopyEngine, RejectsMismatchedOrUndefinedTensorsAtOnce) {
   EXPECT_EQ(engine.stats().h2d_copies, 0);
 }
 
+TEST(CopyEngine, RejectsANullEnv) {
+  EXPECT_THROW(CopyEngine(kDevice, nullptr), InvalidArgument);
+}
+
 TEST(CopyEngine, AFailedCopySurfacesAtSynchronize) {
   CopyEngine engine(kDevice);
   // Same element count, shapes that do not broadcast: only copy_ itself can tell.
@@ -110,18 +115,36 @@ TEST(CopyEngine, KeepsTheTensorsOfAPendingCopyAlive) {
   EXPECT_TRUE(torch::equal(dst, torch::full({1 << 20}, 5.0f)));
 }
 
-// Fails the copy numbered `failing` on `lane` after writing -1 into its destination.
-void fail_copy(CopyEngine& engine, CopyLane lane, int64_t failing) {
-  engine.set_fault_injector([=](CopyLane at, int64_t number, const at::Tensor& dst) {
-    if (at != lane || number != failing) return;
-    dst.fill_(-1);
-    throw std::runtime_error("injected fault");
-  });
-}
+// Fails the copy numbered `failing` on `lane`, once armed, after writing -1 into its
+// destination.
+class FailingCopyEnv : public CopyEnv {
+ public:
+  void fail(CopyLane lane, int64_t failing) {
+    lane_ = lane;
+    failing_ = failing;
+    armed_ = true;
+  }
+  void disarm() { armed_ = false; }
+
+  void copy(CopyLane lane, int64_t copy_number, const at::Tensor& dst, const at::Tensor& src) override {
+    if (armed_ && lane == lane_ && copy_number == failing_) {
+      dst.fill_(-1);
+      throw std::runtime_error("injected fault");
+    }
+    CopyEnv::copy(lane, copy_number, dst, src);
+  }
+
+ private:
+  // Set by the test's thread before the copies it fails are enqueued, read by the lanes.
+  std::atomic<bool> armed_{false};
+  std::atomic<CopyLane> lane_{CopyLane::kHostToDevice};
+  std::atomic<int64_t> failing_{-1};
+};
 
 TEST(CopyEngine, AnInjectedFaultFailsItsCopyAndTheLaneUntilDrained) {
-  CopyEngine engine(kDevice);
-  fail_copy(engine, CopyLane::kHostToDevice, 1);
+  FailingCopyEnv env;
+  CopyEngine engine(kDevice, &env);
+  env.fail(CopyLane::kHostToDevice, 1);
   std::vector<torch::Tensor> dst;
   for (int i = 0; i < 3; ++i) {
     dst.push_back(torch::zeros({1024}));
@@ -139,7 +162,7 @@ TEST(CopyEngine, AnInjectedFaultFailsItsCopyAndTheLaneUntilDrained) {
   EXPECT_TRUE(torch::equal(dst[2], torch::zeros({1024})));        // after it: skipped
   EXPECT_THROW(engine.synchronize(engine.record(CopyLane::kHostToDevice)), std::runtime_error);
 
-  engine.set_fault_injector(nullptr);
+  env.disarm();
   const std::exception_ptr cleared = engine.drain();
   ASSERT_NE(cleared, nullptr);
   EXPECT_THROW(std::rethrow_exception(cleared), std::runtime_error);
@@ -150,8 +173,9 @@ TEST(CopyEngine, AnInjectedFaultFailsItsCopyAndTheLaneUntilDrained) {
 }
 
 TEST(CopyEngine, ALaneThatWaitsForAFailedCopyFailsToo) {
-  CopyEngine engine(kDevice);
-  fail_copy(engine, CopyLane::kDeviceToHost, 0);
+  FailingCopyEnv env;
+  CopyEngine engine(kDevice, &env);
+  env.fail(CopyLane::kDeviceToHost, 0);
   auto host = torch::zeros({1024});
   engine.copy(CopyLane::kDeviceToHost, host, torch::ones({1024}));
   const CopyEvent download = engine.record(CopyLane::kDeviceToHost);

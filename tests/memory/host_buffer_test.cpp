@@ -1,5 +1,5 @@
 // allocate_host_tensors: many tensors from a few arenas, each aligned, each freed with
-// the last tensor of its arena.
+// the last tensor of its arena; host_buffer_stats counts the buffers by use.
 
 #include <stowage/error.h>
 #include <stowage/memory/host_buffer.h>
@@ -63,6 +63,27 @@ TEST(HostArena, ArenasAreCappedAndFreedWithTheirLastTensor) {
   EXPECT_EQ(host_buffer_stats().current_bytes - before, 24 * 1024 + 100 * 1024);
   tensors.clear();
   EXPECT_EQ(host_buffer_stats().current_bytes, before);
+}
+
+TEST(HostBufferStats, BuffersAreCountedByUseUntilFreed) {
+  const HostBufferStats before = host_buffer_stats();
+  HostAllocOptions checkpoint;
+  checkpoint.use = HostBufferUse::kCheckpoint;
+  HostAllocOptions optimizer;
+  optimizer.use = HostBufferUse::kOptimizer;
+  at::Tensor staged = allocate_host({page()}, c10::kByte, checkpoint);
+  std::vector<at::Tensor> swapped = allocate_host_tensors({{{3}, c10::kFloat}, {{5}, c10::kFloat}}, optimizer, page());
+  at::Tensor other = allocate_host({2 * page()}, c10::kByte);
+  HostBufferStats now = host_buffer_stats();
+  EXPECT_EQ(now.checkpoint_bytes - before.checkpoint_bytes, page());
+  EXPECT_EQ(now.optimizer_bytes - before.optimizer_bytes, page());  // one arena
+  EXPECT_EQ(now.current_bytes - before.current_bytes, 4 * page());
+  staged.reset();
+  swapped.clear();
+  now = host_buffer_stats();
+  EXPECT_EQ(now.checkpoint_bytes, before.checkpoint_bytes);
+  EXPECT_EQ(now.optimizer_bytes, before.optimizer_bytes);
+  EXPECT_EQ(now.current_bytes - before.current_bytes, 2 * page());
 }
 
 TEST(HostArena, SharedArenasUseOneDescriptorEach) {

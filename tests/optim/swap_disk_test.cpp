@@ -8,7 +8,7 @@
 #include <stowage/error.h>
 #include <stowage/memory/accounting.h>
 
-#include "optim/disk_tier.h"
+#include "optim/fault_injection_swap_env.h"
 #include "optim/swap_test_util.h"
 
 #include <fmt/format.h>
@@ -43,7 +43,7 @@ SwapOptimizerConfig disk_tier_config(SwapIoPath path = SwapIoPath::kAuto) {
 struct DiskPair {
   explicit DiskPair(const SwapOptimizerConfig& config)
       : params(make_params(testing::Shapes(kDiskParams, {kDiskNumel}))), plain_params(clone_params(params)) {
-    swap = swap_optimizer(testing::adamw(params), config);
+    swap = swap_optimizer(testing::adamw(params), SwapOptimizerConfig(config).env(&env));
     plain = testing::adamw(plain_params);
   }
   void step(int step) {
@@ -56,10 +56,10 @@ struct DiskPair {
     testing::expect_params_equal(plain_params, params);
     testing::expect_state_dicts_equal(testing::plain_state_dict(plain), swap->state_dict());
   }
-  // Step `step` with `injector` failing the swap's I/O: the step's error message (a test
-  // failure if it did not throw). The injector is removed again.
-  std::string failing_step(int step, detail::DiskFaultInjector injector) {
-    detail::set_disk_fault_injector(*swap, std::move(injector));
+  // Step `step` with `fault` failing the swap's I/O: the step's error message (a test
+  // failure if it did not throw). The fault is removed again.
+  std::string failing_step(int step, testing::FaultInjectionSwapEnv::DiskFault fault) {
+    env.set_disk_fault(std::move(fault));
     set_grads(params, step);
     std::string message;
     try {
@@ -68,7 +68,7 @@ struct DiskPair {
     } catch (const Error& e) {
       message = e.what();
     }
-    detail::set_disk_fault_injector(*swap, nullptr);
+    env.set_disk_fault(nullptr);
     return message;
   }
   // After a failed step: the plain optimizer takes it with gradients for the parameters
@@ -81,6 +81,7 @@ struct DiskPair {
     expect_matches_plain();
   }
 
+  testing::FaultInjectionSwapEnv env;  // before `swap`, which uses it until destroyed
   std::vector<torch::Tensor> params;
   std::vector<torch::Tensor> plain_params;
   c10::intrusive_ptr<SwapOptimizer> swap;

@@ -1,5 +1,5 @@
-// Faults inside the swap optimizer's step: copies that fail (through the copy engine's
-// fault injector) and updates that throw (through the update fault injector), at several
+// Faults inside the swap optimizer's step: copies that fail and updates that throw
+// (through testing::FaultInjectionSwapEnv, the optimizer's SwapEnv), at several
 // batch positions. After each: the exception names the cause, nothing is left running or
 // allocated, every state matches its parameter, and the optimizer goes on exactly as a
 // plain AdamW that skipped the parameters which were not updated.
@@ -7,7 +7,7 @@
 #include <stowage/error.h>
 #include <stowage/memory/accounting.h>
 
-#include "optim/swap_internal.h"
+#include "optim/fault_injection_swap_env.h"
 #include "optim/swap_test_util.h"
 
 #include <gmock/gmock.h>
@@ -43,7 +43,7 @@ std::shared_ptr<torch::optim::AdamW> decaying_adamw(const std::vector<torch::Ten
 struct Pair {
   explicit Pair(const testing::SwapMode& mode)
       : params(make_params(testing::Shapes(kParams, {kSwappedNumel}))), plain_params(clone_params(params)) {
-    swap = swap_optimizer(decaying_adamw(params), mode.apply(SwapOptimizerConfig().swap_times(kSwapTimes)));
+    swap = swap_optimizer(decaying_adamw(params), mode.apply(SwapOptimizerConfig().swap_times(kSwapTimes).env(&env)));
     plain = decaying_adamw(plain_params);
     for (int step = 0; step < kStepsBefore; ++step) this->step(step);
   }
@@ -67,6 +67,7 @@ struct Pair {
     expect_state_dicts_equal(plain_state_dict(plain), swap->state_dict());
   }
 
+  testing::FaultInjectionSwapEnv env;  // before `swap`, which uses it until destroyed
   std::vector<torch::Tensor> params;
   std::vector<torch::Tensor> plain_params;
   c10::intrusive_ptr<SwapOptimizer> swap;
@@ -75,10 +76,10 @@ struct Pair {
 
 // Fails copies number `first` to `last` (counted from the start of the step) on `lane`,
 // after writing NaN over the first half of the destination.
-void inject_copy_faults(SwapOptimizer& swap, CopyLane lane, int64_t first, int64_t last) {
-  const memory::CopyStats base = swap.copy_stats();
+void inject_copy_faults(Pair& pair, CopyLane lane, int64_t first, int64_t last) {
+  const memory::CopyStats base = pair.swap->copy_stats();
   const int64_t offset = lane == CopyLane::kHostToDevice ? base.h2d_copies : base.d2h_copies;
-  swap.copy_engine().set_fault_injector([=](CopyLane at, int64_t number, const at::Tensor& dst) {
+  pair.env.set_copy_fault([=](CopyLane at, int64_t number, const at::Tensor& dst) {
     if (at != lane || number - offset < first || number - offset > last) return;
     dst.view(-1).narrow(0, 0, dst.numel() / 2).fill_(std::numeric_limits<float>::quiet_NaN());
     throw std::runtime_error("injected copy fault");
@@ -102,8 +103,8 @@ Outcome failing_step(Pair& pair, int step) {
     outcome.message = e.what();
   }
   outcome.leaked_bytes = memory::memory_allocated() - outcome.bytes_before;
-  pair.swap->copy_engine().set_fault_injector(nullptr);
-  detail::set_update_fault_injector(*pair.swap, nullptr);
+  pair.env.set_copy_fault(nullptr);
+  pair.env.set_update_fault(nullptr);
   // Nothing is left running or failed in the engine.
   EXPECT_EQ(pair.swap->copy_engine().drain(), nullptr);
   return outcome;
@@ -143,7 +144,7 @@ TEST_P(SwapFaults, AFailedUploadStopsTheStepBeforeItsBatch) {
     SCOPED_TRACE("upload of batch " + std::to_string(batch));
     Pair pair(GetParam());
     const int64_t copy = batch * copies_per_batch() + (packed() ? 0 : 1);
-    inject_copy_faults(*pair.swap, CopyLane::kHostToDevice, copy, copy);
+    inject_copy_faults(pair, CopyLane::kHostToDevice, copy, copy);
     const Outcome outcome = failing_step(pair, kStepsBefore);
     EXPECT_THAT(outcome.message, HasSubstr("injected copy fault"));
     EXPECT_THAT(outcome.message, HasSubstr(fmt::format("stopped in batch {} of {}", batch, kSwapTimes)));
@@ -162,7 +163,7 @@ TEST_P(SwapFaults, AFailedDownloadIsDoneAgainFromTheDevice) {
     SCOPED_TRACE("download of batch " + std::to_string(batch));
     Pair pair(GetParam());
     const int64_t copy = batch * copies_per_batch() + (packed() ? 0 : 2);
-    inject_copy_faults(*pair.swap, CopyLane::kDeviceToHost, copy, copy);
+    inject_copy_faults(pair, CopyLane::kDeviceToHost, copy, copy);
     const Outcome outcome = failing_step(pair, kStepsBefore);
     EXPECT_THAT(outcome.message, HasSubstr("injected copy fault"));
     EXPECT_THAT(outcome.message, HasSubstr("were downloaded again"));
@@ -176,7 +177,7 @@ TEST_P(SwapFaults, AFailedDownloadIsDoneAgainFromTheDevice) {
 TEST_P(SwapFaults, StatesThatCannotBeDownloadedStayOnTheDeviceUntilTheNextStep) {
   Pair pair(GetParam());
   // Every download from the second batch's on fails, the retries too.
-  inject_copy_faults(*pair.swap, CopyLane::kDeviceToHost, copies_per_batch(), 1000);
+  inject_copy_faults(pair, CopyLane::kDeviceToHost, copies_per_batch(), 1000);
   const Outcome outcome = failing_step(pair, kStepsBefore);
   EXPECT_THAT(outcome.message, HasSubstr("could not be downloaded and stay on the device"));
   // Batches 1 and 2 (updated; batch 3's upload waited for batch 1's download).
@@ -190,7 +191,7 @@ TEST_P(SwapFaults, AnUpdateThatThrowsLeavesItsParameterAndTheRestUnchanged) {
   for (const int64_t failing : {0, 3, 4, 7}) {
     SCOPED_TRACE("update of parameter " + std::to_string(failing));
     Pair pair(GetParam());
-    detail::set_update_fault_injector(*pair.swap, [failing](int64_t index) {
+    pair.env.set_update_fault([failing](int64_t index) {
       if (index == failing) throw std::runtime_error("injected update fault");
     });
     const Outcome outcome = failing_step(pair, kStepsBefore);
@@ -228,7 +229,7 @@ TEST_P(SwapFaults, AMismatchedGradientIsRejectedBeforeAnythingChanges) {
 // error embeds the message alone.
 TEST_P(SwapFaults, AnUpdateFailingWithAC10ErrorIsReportedWithoutLibTorchsBacktrace) {
   Pair pair(GetParam());
-  detail::set_update_fault_injector(*pair.swap, [](int64_t index) { TORCH_CHECK(index != 2, "injected c10 fault"); });
+  pair.env.set_update_fault([](int64_t index) { TORCH_CHECK(index != 2, "injected c10 fault"); });
   const Outcome outcome = failing_step(pair, kStepsBefore);
   EXPECT_THAT(outcome.message, HasSubstr("injected c10 fault"));
   EXPECT_THAT(outcome.message, Not(HasSubstr("Exception raised from")));

@@ -1,5 +1,6 @@
 #include "commands.h"
 
+#include <emit.h>
 #include <memory_timeline.h>
 #include <python_peer.h>
 #include <report.h>
@@ -31,15 +32,6 @@ struct RunAllOptions {
   std::string from;  // instead of running: the report of this saved JSON
 };
 
-// One line of the side-by-side table: a measured ratio against its target.
-struct TargetRow {
-  std::string benchmark;
-  std::string figure;
-  double value = 0;
-  std::string target;
-  bool met = false;
-};
-
 // Each figure's JSON value, null when absent: a figure whose peer did not run.
 json figure_of(const json& source, const std::string& key) {
   return source.is_object() && source.contains(key) ? source[key] : json();
@@ -50,16 +42,23 @@ json ratio(const json& numerator, const json& denominator) {
   return numerator.get<double>() / denominator.get<double>();
 }
 
-// Adds a row when `value` is a number: met when it is `relation` ("<=" or ">=") `limit`.
-void add_row(std::vector<TargetRow>& rows, const std::string& benchmark, const std::string& figure, const json& value,
+// Adds a row of the table of targets when `value` is a number: a measured ratio, met when it
+// is `relation` ("<=" or ">=") `limit`.
+void add_row(bench::Table& rows, const std::string& benchmark, const std::string& figure, const json& value,
              const std::string& relation, double limit) {
   if (!value.is_number()) return;
   const double v = value.get<double>();
-  rows.push_back(
-      {benchmark, figure, v, fmt::format("{} {:.3g}", relation, limit), relation == "<=" ? v <= limit : v >= limit});
+  const bool met = relation == "<=" ? v <= limit : v >= limit;
+  rows.add(bench::Row()
+               .field("benchmark", benchmark)
+               .field("figure", figure)
+               .field("value", v, "{:.3f}")
+               .field("target", fmt::format("{} {:.3g}", relation, limit))
+               .json("met", met)
+               .text("", bench::met_text(met)));
 }
 
-void add_dcp_rows(std::vector<TargetRow>& rows, const json& r) {
+void add_dcp_rows(bench::Table& rows, const json& r) {
   const auto f = [&](const char* key) { return figure_of(r, key); };
   add_row(rows, "dcp", "stage_cached / memcpy", ratio(f("stage_cached_gbps"), f("memcpy_gbps")), ">=", 0.8);
   add_row(rows, "dcp", "save / raw_write", ratio(f("save_gbps"), f("raw_write_gbps")), ">=", 0.9);
@@ -82,7 +81,7 @@ void add_dcp_rows(std::vector<TargetRow>& rows, const json& r) {
 // like-for-like figures ("step_over_pytorch[_nonreentrant]", "peak_over_pytorch[...]").
 // Checkpointed runs must be no slower at no more memory than either of PyTorch's
 // checkpoints; the plain step, the same work in both, no slower.
-void add_activation_peer_rows(std::vector<TargetRow>& rows, const json& r) {
+void add_activation_peer_rows(bench::Table& rows, const json& r) {
   add_row(rows, "activation", "plain step / pytorch", figure_of(r, "plain_step_over_pytorch"), "<=", 1);
   for (const json& run : r.value("runs", json::array())) {
     const int64_t segments = run.value("segments", int64_t(0));
@@ -95,14 +94,14 @@ void add_activation_peer_rows(std::vector<TargetRow>& rows, const json& r) {
   }
 }
 
-void add_activation_rows(std::vector<TargetRow>& rows, const json& r) {
+void add_activation_rows(bench::Table& rows, const json& r) {
   const std::string at = fmt::format("at {} segments", r.value("sqrt_segments", 0));
   add_row(rows, "activation", "activations / plain " + at, figure_of(r, "activation_ratio"), "<=", 1.0 / 3);
   add_row(rows, "activation", "step / plain " + at, figure_of(r, "step_ratio"), "<=", 1.4);
   add_activation_peer_rows(rows, r);
 }
 
-void add_swap_rows(std::vector<TargetRow>& rows, const json& r) {
+void add_swap_rows(bench::Table& rows, const json& r) {
   for (const json& run : r.value("runs", json::array())) {
     const int64_t times = run.value("swap_times", int64_t(1));
     const double limit = (2.0 / static_cast<double>(times) + 0.05) * r.value("plain_state_bytes", 0.0);
@@ -115,7 +114,7 @@ void add_swap_rows(std::vector<TargetRow>& rows, const json& r) {
 
 // The promise (issue 28): at each capacity of the simulated device, stowage trains >= 3x the
 // parameters plain training does.
-void add_capacity_rows(std::vector<TargetRow>& rows, const json& r) {
+void add_capacity_rows(bench::Table& rows, const json& r) {
   if (!r.is_object() || !r.contains("capacities")) return;
   for (const json& row : r["capacities"]) {
     const std::string capacity = row["capacity"].get<std::string>();
@@ -126,7 +125,7 @@ void add_capacity_rows(std::vector<TargetRow>& rows, const json& r) {
   }
 }
 
-void add_train_rows(std::vector<TargetRow>& rows, const json& r) {
+void add_train_rows(bench::Table& rows, const json& r) {
   add_row(rows, "train", "tokens/s / pytorch's",
           ratio(figure_of(r, "stowage_tokens_per_s"), figure_of(r, "pytorch_tokens_per_s")), ">=", 1);
 }
@@ -200,18 +199,6 @@ json memory_timeline(bool quick) {
   return bench::to_json(bench::run_memory_timeline(options));
 }
 
-json targets_json(const std::vector<TargetRow>& rows) {
-  json targets = json::array();
-  for (const auto& row : rows) {
-    targets.push_back({{"benchmark", row.benchmark},
-                       {"figure", row.figure},
-                       {"value", row.value},
-                       {"target", row.target},
-                       {"met", row.met}});
-  }
-  return targets;
-}
-
 // The report of a run saved earlier: `stowage bench --json`'s output, or a report.json.
 void report_from_file(const RunAllOptions& options) {
   if (options.report_dir.empty()) throw InvalidArgument("bench: --from needs --report DIR");
@@ -231,7 +218,7 @@ void run_all(const RunAllOptions& options) {
   if (options.peer && !bench::python_peer_available()) throw Error(bench::python_peer_unavailable_reason());
   if (!options.report_dir.empty()) bench::prepare_report_dir(options.report_dir);
   json results;
-  std::vector<TargetRow> rows;
+  bench::Table rows;
   for (const auto& argv : benchmark_runs(options)) {
     const std::string& name = argv[2];
     results[name] = run_benchmark(argv);
@@ -241,20 +228,12 @@ void run_all(const RunAllOptions& options) {
     if (name == "train") add_train_rows(rows, results[name]);
     if (name == "capacity") add_capacity_rows(rows, results[name]);
   }
-  results["targets"] = targets_json(rows);
+  results["targets"] = rows.json();
   if (!options.report_dir.empty()) {
     results["memory_timeline"] = memory_timeline(options.quick);
     bench::write_report(options.report_dir, results);
   }
-  if (options.json) {
-    fmt::print("{}\n", results.dump(2));
-  } else {
-    fmt::print("{:<11} {:<44} {:>8}  {:<9} {}\n", "benchmark", "figure", "value", "target", "");
-    for (const auto& row : rows) {
-      fmt::print("{:<11} {:<44} {:>8.3f}  {:<9} {}\n", row.benchmark, row.figure, row.value, row.target,
-                 row.met ? "met" : "NOT met");
-    }
-  }
+  bench::print_result(results, rows.text(), options.json);
   if (!options.report_dir.empty()) fmt::print(stderr, "report: {}/index.html\n", options.report_dir);
 }
 

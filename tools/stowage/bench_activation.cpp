@@ -2,11 +2,10 @@
 #include "commands.h"
 
 #include "activation_bench.h"
+#include "emit.h"
 #include "python_peer.h"
 
 #include <stowage/error.h>
-
-#include <fmt/format.h>
 
 #include <memory>
 
@@ -41,7 +40,7 @@ void add_bench_activation(CLI::App& bench) {
     }
     config->device = stowage::cli::parse_device(*device);
     const auto result = stowage::bench::run_activation_bench(*config);
-    fmt::print("{}\n", *json ? stowage::bench::to_json(result).dump(2) : stowage::bench::to_text(result));
+    stowage::bench::print_result(stowage::bench::to_json(result), stowage::bench::to_text(result), *json);
   });
 }
 

@@ -9,10 +9,11 @@
 #include "child_process.h"
 #include "cli_numbers.h"
 #include "commands.h"
-#include "train_data.h"
 #include "train_model.h"
+#include "train_options.h"
 
 #include <bench_util.h>
+#include <emit.h>
 
 #include <stowage/build_info.h>
 #include <stowage/error.h>
@@ -21,7 +22,6 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
-#include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,17 +29,20 @@
 namespace stowage::cli {
 namespace {
 
+// `stowage train`'s model and batch, a few steps of each size tried.
+TrainOptions capacity_run() {
+  TrainOptions run;
+  run.steps = 3;
+  return run;
+}
+
 struct CapacityBenchOptions {
   std::vector<std::string> capacities{"64MiB", "128MiB"};
-  int64_t steps = 3;
-  int64_t batch = 16;
-  int64_t seq_len = 64;
-  int64_t width = 128;
-  int64_t heads = 4;
-  int64_t swap_times = 4;
+  // What each size tried trains with (stowage's runs with its swap_times); the search sets
+  // the layers, each mode its recompute segments and swap.
+  TrainOptions train = capacity_run();
   int64_t max_layers = 128;  // the search stops there
-  std::string corpus = kDefaultCorpusDir;
-  std::string dir;  // scratch space; empty: the system temp directory
+  std::string dir;           // scratch space; empty: the system temp directory
   bool json = false;
 };
 
@@ -57,23 +60,23 @@ const char* mode_key(Mode mode) {
   return "";
 }
 
-// Whether `layers` blocks train for o.steps steps on a sim device of `capacity` in `mode`.
+// Whether `layers` blocks train for o.train.steps steps on a sim device of `capacity` in `mode`.
 // Throws stowage::Error when the run fails for another reason than device memory.
 bool trains(const CapacityBenchOptions& o, Mode mode, int64_t layers, const std::string& capacity,
             const bench::Scratch& scratch) {
   const std::string run_dir = scratch.sub("run");
   std::filesystem::remove_all(run_dir);
   std::vector<std::string> command{executable_path(), "train",     "--device", "sim",          "--corpus",
-                                   o.corpus,          "--run-dir", run_dir,    "--ckpt-every", "0"};
+                                   o.train.corpus,    "--run-dir", run_dir,    "--ckpt-every", "0"};
   const std::vector<std::pair<const char*, int64_t>> numbers{
-      {"--steps", o.steps}, {"--batch", o.batch}, {"--seq-len", o.seq_len}, {"--layers", layers},
-      {"--width", o.width}, {"--heads", o.heads}, {"--log-every", o.steps}};
+      {"--steps", o.train.steps}, {"--batch", o.train.batch}, {"--seq-len", o.train.seq_len}, {"--layers", layers},
+      {"--width", o.train.width}, {"--heads", o.train.heads}, {"--log-every", o.train.steps}};
   for (const auto& [flag, value] : numbers) command.insert(command.end(), {flag, std::to_string(value)});
   if (mode == Mode::kPlain) {
     command.insert(command.end(), {"--swap-times", "0", "--recompute-segments", "0"});
   } else {
     command.insert(command.end(),
-                   {"--swap-times", std::to_string(o.swap_times), "--recompute-segments", std::to_string(layers),
+                   {"--swap-times", std::to_string(o.train.swap_times), "--recompute-segments", std::to_string(layers),
                     "--swap-to", mode == Mode::kStowageHost ? "host" : "disk:" + scratch.sub("swap")});
     std::filesystem::create_directories(scratch.sub("swap"));
   }
@@ -82,11 +85,11 @@ bool trains(const CapacityBenchOptions& o, Mode mode, int64_t layers, const std:
   const ChildRun run = run_child(command, scratch.sub("train.log"),
                                  {{"STOWAGE_SIM_CAPACITY", std::to_string(*parse_byte_size(capacity))}});
   std::filesystem::remove_all(run_dir);
-  if (run.succeeded() && run.output.find(fmt::format("done: steps 1-{} ", o.steps)) != std::string::npos) return true;
+  const bool trained = run.output.find(fmt::format("done: steps 1-{} ", o.train.steps)) != std::string::npos;
+  if (run.succeeded() && trained) return true;
   if (!run.succeeded() && run.output.find("is out of memory") != std::string::npos) return false;
-  const std::string& text = run.output;
   throw Error(fmt::format("bench capacity: `stowage train --layers {}` ({}) on {} failed, not for device memory: {}",
-                          layers, mode_key(mode), capacity, text.substr(text.size() > 2000 ? text.size() - 2000 : 0)));
+                          layers, mode_key(mode), capacity, run.output_tail()));
 }
 
 // The most blocks that train: doubling from one, then bisection. 0 when one does not.
@@ -113,9 +116,9 @@ int64_t parameter_count(const CapacityBenchOptions& o, int64_t layers) {
   if (layers == 0) return 0;
   LanguageModelOptions model_options;
   model_options.layers = layers;
-  model_options.width = o.width;
-  model_options.heads = o.heads;
-  model_options.context = o.seq_len;
+  model_options.width = o.train.width;
+  model_options.heads = o.train.heads;
+  model_options.context = o.train.seq_len;
   const LanguageModel model(model_options);
   int64_t count = 0;
   for (const auto& p : model->parameters()) count += p.numel();
@@ -124,12 +127,12 @@ int64_t parameter_count(const CapacityBenchOptions& o, int64_t layers) {
 
 nlohmann::json run_capacity_bench(const CapacityBenchOptions& o) {
   const bench::Scratch scratch(o.dir, "capacity");
-  nlohmann::json out{{"steps", o.steps},
-                     {"batch", o.batch},
-                     {"seq_len", o.seq_len},
-                     {"width", o.width},
-                     {"heads", o.heads},
-                     {"swap_times", o.swap_times},
+  nlohmann::json out{{"steps", o.train.steps},
+                     {"batch", o.train.batch},
+                     {"seq_len", o.train.seq_len},
+                     {"width", o.train.width},
+                     {"heads", o.train.heads},
+                     {"swap_times", o.train.swap_times},
                      {"max_layers", o.max_layers},
                      {"device", "sim (simulated accelerator: sizes only, its time is no device's)"},
                      {"capacities", nlohmann::json::array()}};
@@ -185,18 +188,20 @@ void add_bench_capacity(CLI::App& bench) {
   cmd->add_option("--capacity", o->capacities, "the device capacities to search at (e.g. 64MiB)")
       ->check(byte_size())
       ->capture_default_str();
-  cmd->add_option("--steps", o->steps, "training steps of each size tried")
+  cmd->add_option("--steps", o->train.steps, "training steps of each size tried")
       ->check(positive_integer<int64_t>())
       ->capture_default_str();
-  cmd->add_option("--batch", o->batch, "sequences per step")->check(positive_integer<int64_t>())->capture_default_str();
-  cmd->add_option("--width", o->width, "model width")->check(positive_integer<int64_t>())->capture_default_str();
-  cmd->add_option("--swap-times", o->swap_times, "stowage's optimizer-state batches")
+  cmd->add_option("--batch", o->train.batch, "sequences per step")
+      ->check(positive_integer<int64_t>())
+      ->capture_default_str();
+  cmd->add_option("--width", o->train.width, "model width")->check(positive_integer<int64_t>())->capture_default_str();
+  cmd->add_option("--swap-times", o->train.swap_times, "stowage's optimizer-state batches")
       ->check(positive_integer<int64_t>())
       ->capture_default_str();
   cmd->add_option("--max-layers", o->max_layers, "the most blocks tried")
       ->check(positive_integer<int64_t>())
       ->capture_default_str();
-  cmd->add_option("--corpus", o->corpus, "text file or directory of text files")->capture_default_str();
+  cmd->add_option("--corpus", o->train.corpus, "text file or directory of text files")->capture_default_str();
   cmd->add_option("--dir", o->dir, "scratch directory (default: the system temp directory)");
   cmd->add_flag("--json", o->json, "print one JSON object");
   cmd->callback([o] {
@@ -206,7 +211,7 @@ void add_bench_capacity(CLI::App& bench) {
           build_info().libtorch_version));
     }
     const nlohmann::json result = run_capacity_bench(*o);
-    std::cout << (o->json ? result.dump() + "\n" : capacity_bench_text(result));
+    bench::print_result(result, capacity_bench_text(result), o->json);
   });
 }
 

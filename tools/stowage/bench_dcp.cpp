@@ -4,6 +4,7 @@
 #include "train_model.h"
 
 #include "dcp_bench.h"
+#include "emit.h"
 #include "python_peer.h"
 #include "step_snapshot_bench.h"
 
@@ -14,7 +15,6 @@
 
 #include <filesystem>
 #include <fstream>
-#include <iostream>
 #include <vector>
 
 #include <stdlib.h>
@@ -83,16 +83,17 @@ void add_bench_dcp(CLI::App& bench) {
           bench::run_step_snapshot_bench("train model", LanguageModel(LanguageModelOptions()).ptr(), options->dir),
           bench::run_step_snapshot_bench("256 x BatchNorm1d(1024)", bench::batch_norm_heavy_model(), options->dir)};
       nlohmann::json out = nlohmann::json::array();
+      std::string text;
       for (const auto& result : results) {
         out.push_back(bench::to_json(result));
-        if (!*json) std::cout << bench::to_text(result);
+        text += bench::to_text(result);
       }
-      if (*json) std::cout << out.dump() << "\n";
+      bench::print_result(out, text, *json);
       return;
     }
     if (!device->empty()) {
-      const auto result = bench::run_device_staging_bench(*options, parse_device(*device));
-      std::cout << bench::to_json(result).dump(*json ? -1 : 2) << "\n";
+      const nlohmann::json figures = bench::to_json(bench::run_device_staging_bench(*options, parse_device(*device)));
+      bench::print_result(figures, figures.dump(2), *json);  // its text: the figures, indented
       return;
     }
     if (options->peer && !bench::python_peer_available()) throw Error(bench::python_peer_unavailable_reason());
@@ -104,19 +105,14 @@ void add_bench_dcp(CLI::App& bench) {
     }
     const bench::DcpBenchResult result = bench::run_dcp_bench(*options);
     nlohmann::json out = bench::to_json(result);
+    std::string text = bench::to_text(result);
     if (*nproc > 0) {
       out["ranks"] = *nproc;
       out["aggregate_save_gbps"] = distributed_save_gbps(*options, *nproc);
+      text += fmt::format("  {} ranks (processes, c10d Gloo): aggregate save {:.2f} GB/s\n", *nproc,
+                          out["aggregate_save_gbps"].get<double>());
     }
-    if (*json) {
-      std::cout << out.dump() << "\n";
-    } else {
-      std::cout << bench::to_text(result);
-      if (*nproc > 0) {
-        std::cout << fmt::format("  {} ranks (processes, c10d Gloo): aggregate save {:.2f} GB/s\n", *nproc,
-                                 out["aggregate_save_gbps"].get<double>());
-      }
-    }
+    bench::print_result(out, text, *json);
   });
 }
 

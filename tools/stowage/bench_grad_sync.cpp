@@ -1,9 +1,13 @@
 // `stowage bench grad-sync`: data parallelism's gradient averaging with the all-reduces
-// overlapped with backward, after it, and not at all, on --nproc local ranks.
+// overlapped with backward, after it, and not at all, on --nproc local ranks; with
+// --zero, the memory per rank and tokens/s of `stowage train` with ZeRO stages 1 and 2
+// (bench_zero.h).
+#include "bench_zero.h"
 #include "cli_numbers.h"
 #include "commands.h"
 
 #include <bench_util.h>
+#include <emit.h>
 #include <grad_sync_bench.h>
 
 #include <stowage/dist/process_group.h>
@@ -13,7 +17,6 @@
 
 #include <filesystem>
 #include <fstream>
-#include <iostream>
 
 #include <stdlib.h>
 
@@ -22,6 +25,8 @@ namespace {
 
 struct GradSyncCommand {
   bench::GradSyncBenchConfig config;
+  bool zero = false;
+  ZeroBenchOptions zero_options;
   int nproc = 2;
   bool json = false;
   bool as_rank = false;
@@ -73,7 +78,29 @@ void add_bench_grad_sync(CLI::App& bench) {
   cmd->add_option("--bucket-cap-mb", command->config.bucket_cap_mb, "gradient bucket size in MiB")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cmd->add_option("--threads", command->config.threads, "intra-op threads per rank")
+  cmd->add_option("--threads", command->config.threads, "intra-op threads per rank (with --zero too)")
+      ->check(positive_integer<int>())
+      ->capture_default_str();
+  cmd->add_flag("--zero", command->zero,
+                "instead: per rank gradient and optimizer memory, step peak and tokens/s of `stowage train --nproc` "
+                "with gradients copied into the buckets, as views of them (ZeRO-1) and sharded (ZeRO-2)");
+  cmd->add_option("--train-width", command->zero_options.train.width, "with --zero: the train model's width")
+      ->check(positive_integer<int64_t>())
+      ->capture_default_str();
+  cmd->add_option("--train-layers", command->zero_options.train.layers, "with --zero: the train model's blocks")
+      ->check(positive_integer<int64_t>())
+      ->capture_default_str();
+  cmd->add_option("--train-steps", command->zero_options.train.steps, "with --zero: steps per run")
+      ->check(integer_in<int64_t>(3))
+      ->capture_default_str();
+  cmd->add_option("--swap-times", command->zero_options.train.swap_times,
+                  "with --zero: optimizer-state swap batches (0: plain AdamW)")
+      ->check(non_negative_integer<int64_t>())
+      ->capture_default_str();
+  cmd->add_option("--train-device", command->zero_options.train.device,
+                  "with --zero: where the ranks train (cpu, cuda, sim: the simulated device of a LibTorch 2.x build)")
+      ->capture_default_str();
+  cmd->add_option("--rounds", command->zero_options.rounds, "with --zero: runs of each mode, taking turns")
       ->check(positive_integer<int>())
       ->capture_default_str();
   cmd->add_flag("--json", command->json, "print one JSON object");
@@ -87,8 +114,15 @@ void add_bench_grad_sync(CLI::App& bench) {
       if (group.rank() == 0) std::ofstream(command->result_file) << bench::to_json(result).dump() << "\n";
       return;
     }
+    if (command->zero) {
+      command->zero_options.train.nproc = command->nproc;
+      command->zero_options.train.threads = command->config.threads;
+      const ZeroBenchResult result = run_zero_bench(command->zero_options);
+      bench::print_result(to_json(result), to_text(result), command->json);
+      return;
+    }
     const bench::GradSyncBenchResult result = run_ranks(*command);
-    std::cout << (command->json ? bench::to_json(result).dump() + "\n" : bench::to_text(result));
+    bench::print_result(bench::to_json(result), bench::to_text(result), command->json);
   });
 }
 

@@ -1,9 +1,8 @@
 #include "cli_numbers.h"
 #include "commands.h"
 
+#include <emit.h>
 #include <interop_bench.h>
-
-#include <fmt/format.h>
 
 namespace stowage::cli {
 
@@ -20,7 +19,7 @@ void add_bench_interop(CLI::App& bench) {
   cmd->add_flag("--json", *json, "print the figures as JSON");
   cmd->callback([options, json] {
     const bench::InteropBenchResult result = bench::run_interop_bench(*options);
-    fmt::print("{}\n", *json ? to_json(result).dump(2) : to_text(result));
+    bench::print_result(to_json(result), to_text(result), *json);
   });
 }
 

@@ -1,10 +1,9 @@
 #include "cli_numbers.h"
 #include "commands.h"
 
+#include <emit.h>
 #include <swap_bench.h>
 #include <swap_disk_bench.h>
-
-#include <fmt/format.h>
 
 namespace stowage::cli {
 
@@ -51,13 +50,13 @@ void add_bench_swap(CLI::App& bench) {
       if (cmd->count("--steps") > 0) disk->steps = options->steps;
       if (cmd->count("--warmup-steps") > 0) disk->warmup_steps = options->warmup_steps;
       const bench::SwapDiskBenchResult result = bench::run_swap_disk_bench(*disk);
-      fmt::print("{}\n", *json ? to_json(result).dump(2) : to_text(result));
+      bench::print_result(to_json(result), to_text(result), *json);
       return;
     }
     options->cpu_cache_bytes = *cache_mib << 20;
     options->device = parse_device(*device);
     const bench::SwapBenchResult result = bench::run_swap_bench(*options);
-    fmt::print("{}\n", *json ? to_json(result).dump(2) : to_text(result));
+    bench::print_result(to_json(result), to_text(result), *json);
   });
 }
 

@@ -9,9 +9,10 @@
 #include "child_process.h"
 #include "cli_numbers.h"
 #include "commands.h"
-#include "train_data.h"
+#include "train_options.h"
 
 #include <bench_util.h>
+#include <emit.h>
 #include <python_peer.h>
 
 #include <stowage/error.h>
@@ -23,7 +24,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
 #include <numeric>
 #include <regex>
 #include <utility>
@@ -31,24 +31,18 @@
 namespace stowage::cli {
 namespace {
 
-// The run both sides train: `stowage train`'s defaults (train.cpp's TrainOptions), given
-// to both explicitly so that they train the same thing whatever those defaults become.
+// `stowage train`'s defaults with plain AdamW, the optimizer of the PyTorch script.
+TrainOptions plain_adamw_run() {
+  TrainOptions run;
+  run.swap_times = 0;
+  return run;
+}
+
 struct TrainBenchOptions {
-  std::string corpus = kDefaultCorpusDir;
-  int64_t steps = 200;
-  int64_t batch = 16;
-  int64_t seq_len = 64;
-  int64_t layers = 4;
-  int64_t width = 128;
-  int64_t heads = 4;
-  double lr = 3e-3;
-  int64_t seed = 0;
-  int threads = 2;
-  int64_t recompute_segments = 2;
-  int64_t ckpt_every = 50;
-  int64_t keep = 3;
+  // The run both sides train, every option given to both explicitly so that they train the
+  // same thing whatever `stowage train`'s defaults become.
+  TrainOptions train = plain_adamw_run();
   int rounds = 3;
-  int nproc = 1;           // ranks of each side
   int64_t dip_window = 5;  // steps after each checkpoint that the dip is measured over
   std::string dir;         // scratch space; empty: the system temp directory
   bool peer = false;
@@ -86,34 +80,36 @@ struct DipSchedule {
 
 DipSchedule dip_schedule(const TrainBenchOptions& o) {
   DipSchedule schedule;
-  if (o.ckpt_every <= 0) return schedule;
-  if (o.ckpt_every <= o.dip_window + 1) {
+  if (o.train.ckpt_every <= 0) return schedule;
+  if (o.train.ckpt_every <= o.dip_window + 1) {
     // Windows would overlap, each holding the next checkpoint's own slowed steps.
     schedule.unmeasured =
-        fmt::format("--ckpt-every {} leaves no room for --dip-window {}: give a --ckpt-every above {}", o.ckpt_every,
-                    o.dip_window, o.dip_window + 1);
+        fmt::format("--ckpt-every {} leaves no room for --dip-window {}: give a --ckpt-every above {}",
+                    o.train.ckpt_every, o.dip_window, o.dip_window + 1);
     return schedule;
   }
-  for (int64_t step = o.ckpt_every; step <= o.steps; step += o.ckpt_every) schedule.checkpoints.push_back(step);
-  if (schedule.checkpoints.empty() || schedule.checkpoints.back() != o.steps) schedule.checkpoints.push_back(o.steps);
-  std::vector<bool> near(static_cast<size_t>(o.steps + 1), false);
+  for (int64_t step = o.train.ckpt_every; step <= o.train.steps; step += o.train.ckpt_every)
+    schedule.checkpoints.push_back(step);
+  if (schedule.checkpoints.empty() || schedule.checkpoints.back() != o.train.steps)
+    schedule.checkpoints.push_back(o.train.steps);
+  std::vector<bool> near(static_cast<size_t>(o.train.steps + 1), false);
   for (const int64_t checkpoint : schedule.checkpoints) {
     std::vector<int64_t> window;
-    for (int64_t step = std::max<int64_t>(checkpoint - 1, 1); step <= std::min(checkpoint + o.dip_window, o.steps);
-         ++step) {
+    for (int64_t step = std::max<int64_t>(checkpoint - 1, 1);
+         step <= std::min(checkpoint + o.dip_window, o.train.steps); ++step) {
       near[static_cast<size_t>(step)] = true;
       if (step > checkpoint && step > kDipWarmupSteps) window.push_back(step);
     }
     if (!window.empty()) schedule.windows.push_back(std::move(window));
   }
-  for (int64_t step = kDipWarmupSteps + 1; step <= o.steps; ++step) {
+  for (int64_t step = kDipWarmupSteps + 1; step <= o.train.steps; ++step) {
     if (!near[static_cast<size_t>(step)]) schedule.far.push_back(step);
   }
   if (schedule.windows.empty() || schedule.far.empty()) {
     schedule.unmeasured = fmt::format(
         "--steps {} --ckpt-every {} --dip-window {} leave no {} (the first {} steps are warm-up): give more "
         "--steps, or a --ckpt-every that leaves more than --dip-window + 2 steps between checkpoints",
-        o.steps, o.ckpt_every, o.dip_window,
+        o.train.steps, o.train.ckpt_every, o.dip_window,
         schedule.windows.empty() ? "steps after a checkpoint" : "steps far from every checkpoint", kDipWarmupSteps);
   }
   return schedule;
@@ -185,38 +181,26 @@ void read_stowage_metrics(const std::string& path, TrainRun& run) {
   }
 }
 
-// Runs `args` with stdout and stderr into `log`; returns what it printed. Throws
-// stowage::Error with its last lines when it fails.
-std::string run_logged(const std::vector<std::string>& args, const std::string& log) {
-  const ChildRun run = run_child(args, log);
-  if (!run.succeeded()) {
-    const std::string& text = run.output;
-    throw Error(fmt::format("bench train: `stowage train` failed (status {}): {}", run.status,
-                            text.substr(text.size() > 2000 ? text.size() - 2000 : 0)));
-  }
-  return run.output;
-}
-
-// The command line of `stowage train` for the run `o` describes, into `run_dir`.
-std::vector<std::string> stowage_train_command(const TrainBenchOptions& o, const std::string& run_dir) {
-  std::vector<std::string> command{executable_path(), "train", "--corpus", o.corpus,
-                                   "--run-dir",       run_dir, "--lr",     fmt::format("{}", o.lr),
-                                   "--swap-times",    "0"};
-  const std::vector<std::pair<const char*, int64_t>> numbers{
-      {"--steps", o.steps},
-      {"--batch", o.batch},
-      {"--seq-len", o.seq_len},
-      {"--layers", o.layers},
-      {"--width", o.width},
-      {"--heads", o.heads},
-      {"--seed", o.seed},
-      {"--threads", o.threads},
-      {"--recompute-segments", o.recompute_segments},
-      {"--ckpt-every", o.ckpt_every},
-      {"--keep", o.keep},
-      {"--log-every", o.steps},  // one progress line: the last step's
-      {"--nproc", o.nproc}};
-  for (const auto& [flag, value] : numbers) command.insert(command.end(), {flag, std::to_string(value)});
+// The command line of `stowage train` for the run `t`, into `run_dir`.
+std::vector<std::string> stowage_train_command(const TrainOptions& t, const std::string& run_dir) {
+  std::vector<std::string> command{executable_path(), "train", "--corpus", t.corpus,
+                                   "--run-dir",       run_dir, "--lr",     fmt::format("{}", t.lr)};
+  const std::vector<std::pair<const char*, std::string>> options{
+      {"--swap-times", std::to_string(t.swap_times)},
+      {"--steps", std::to_string(t.steps)},
+      {"--batch", std::to_string(t.batch)},
+      {"--seq-len", std::to_string(t.seq_len)},
+      {"--layers", std::to_string(t.layers)},
+      {"--width", std::to_string(t.width)},
+      {"--heads", std::to_string(t.heads)},
+      {"--seed", std::to_string(t.seed)},
+      {"--threads", std::to_string(t.threads)},
+      {"--recompute-segments", std::to_string(t.recompute_segments)},
+      {"--ckpt-every", std::to_string(t.ckpt_every)},
+      {"--keep", std::to_string(t.keep)},
+      {"--log-every", std::to_string(t.steps)},  // one progress line: the last step's
+      {"--nproc", std::to_string(t.nproc)}};
+  for (const auto& [flag, value] : options) command.insert(command.end(), {flag, value});
   return command;
 }
 
@@ -226,19 +210,20 @@ std::vector<std::string> stowage_train_command(const TrainBenchOptions& o, const
 TrainRun run_stowage_train(const TrainBenchOptions& o, const bench::Scratch& scratch) {
   const std::string run_dir = scratch.sub("stowage-run");
   std::filesystem::remove_all(run_dir);
-  const std::string output = run_logged(stowage_train_command(o, run_dir), scratch.sub("stowage-train.log"));
+  const std::string output = run_child_or_throw(stowage_train_command(o.train, run_dir),
+                                                scratch.sub("stowage-train.log"), "bench train: `stowage train`");
   TrainRun run;
   read_stowage_metrics(run_dir + "/metrics.jsonl", run);
   std::filesystem::remove_all(run_dir);
   static const std::regex done(R"(done: steps 1-(\d+) in ([0-9.]+) s, loss ([0-9.naif-]+) -> ([0-9.naif-]+))");
   std::smatch match;
-  if (!std::regex_search(output, match, done) || std::stoll(match[1]) != o.steps) {
-    throw Error(fmt::format("bench train: `stowage train` did not report its {} steps: {}", o.steps, output));
+  if (!std::regex_search(output, match, done) || std::stoll(match[1]) != o.train.steps) {
+    throw Error(fmt::format("bench train: `stowage train` did not report its {} steps: {}", o.train.steps, output));
   }
   const double seconds = std::stod(match[2]);
   if (seconds <= 0) {
     throw Error(fmt::format("bench train: {} steps took `stowage train` under the 0.1 s it reports: give more --steps",
-                            o.steps));
+                            o.train.steps));
   }
   run.seconds = seconds;
   run.first_loss = std::stod(match[3]);
@@ -250,21 +235,21 @@ TrainRun run_pytorch_train(const TrainBenchOptions& o, const bench::Scratch& scr
   const std::string run_dir = scratch.sub("pytorch-run");
   std::filesystem::remove_all(run_dir);
   const nlohmann::json answer = peer.request({{"op", "train"},
-                                              {"corpus", o.corpus},
+                                              {"corpus", o.train.corpus},
                                               {"run_dir", run_dir},
-                                              {"steps", o.steps},
-                                              {"batch", o.batch},
-                                              {"seq_len", o.seq_len},
-                                              {"layers", o.layers},
-                                              {"width", o.width},
-                                              {"heads", o.heads},
-                                              {"lr", o.lr},
-                                              {"seed", o.seed},
-                                              {"threads", o.threads},
-                                              {"recompute_segments", o.recompute_segments},
-                                              {"ckpt_every", o.ckpt_every},
-                                              {"keep", o.keep},
-                                              {"nproc", o.nproc}});
+                                              {"steps", o.train.steps},
+                                              {"batch", o.train.batch},
+                                              {"seq_len", o.train.seq_len},
+                                              {"layers", o.train.layers},
+                                              {"width", o.train.width},
+                                              {"heads", o.train.heads},
+                                              {"lr", o.train.lr},
+                                              {"seed", o.train.seed},
+                                              {"threads", o.train.threads},
+                                              {"recompute_segments", o.train.recompute_segments},
+                                              {"ckpt_every", o.train.ckpt_every},
+                                              {"keep", o.train.keep},
+                                              {"nproc", o.train.nproc}});
   for (const auto& path : answer.at("checkpoints")) {
     if (!std::filesystem::exists(path.get<std::string>() + "/.metadata")) {
       throw Error(fmt::format("bench train: the PyTorch script's checkpoint {} has no .metadata", path.dump()));
@@ -351,15 +336,15 @@ nlohmann::json run_train_bench(const TrainBenchOptions& o) {
   if (peer) turns.emplace_back([&] { pytorch_runs.push_back(run_pytorch_train(o, scratch, *peer)); });
   for (int round = 0; round < o.rounds; ++round) bench::run_round(round, turns);
 
-  const int64_t tokens = o.steps * o.batch * o.seq_len;
-  nlohmann::json out{{"steps", o.steps},
-                     {"batch", o.batch},
-                     {"seq_len", o.seq_len},
+  const int64_t tokens = o.train.steps * o.train.batch * o.train.seq_len;
+  nlohmann::json out{{"steps", o.train.steps},
+                     {"batch", o.train.batch},
+                     {"seq_len", o.train.seq_len},
                      {"tokens", tokens},
-                     {"threads", o.threads},
-                     {"nproc", o.nproc},
-                     {"recompute_segments", o.recompute_segments},
-                     {"ckpt_every", o.ckpt_every},
+                     {"threads", o.train.threads},
+                     {"nproc", o.train.nproc},
+                     {"recompute_segments", o.train.recompute_segments},
+                     {"ckpt_every", o.train.ckpt_every},
                      {"optimizer", "AdamW, plain (stowage train --swap-times 0)"},
                      {"rounds", o.rounds},
                      {"time_measured",
@@ -435,26 +420,27 @@ void add_bench_train(CLI::App& bench) {
       "Tokens per second and the dip after each checkpoint of `stowage train` (plain AdamW), and with --peer of the "
       "same training in PyTorch");
   auto o = std::make_shared<TrainBenchOptions>();
-  cmd->add_option("--steps", o->steps, "training steps of each run")
+  cmd->add_option("--steps", o->train.steps, "training steps of each run")
       ->check(positive_integer<int64_t>())
       ->capture_default_str();
-  cmd->add_option("--ckpt-every", o->ckpt_every, "asynchronous checkpoint every K steps, and at the last (0: none)")
+  cmd->add_option("--ckpt-every", o->train.ckpt_every,
+                  "asynchronous checkpoint every K steps, and at the last (0: none)")
       ->check(non_negative_integer<int64_t>())
       ->capture_default_str();
-  cmd->add_option("--threads", o->threads, "intra-op threads of each side")
+  cmd->add_option("--threads", o->train.threads, "intra-op threads of each side")
       ->check(positive_integer<int>())
       ->capture_default_str();
   cmd->add_option("--rounds", o->rounds, "runs of each side, taking turns")
       ->check(integer_in(1, 100))
       ->capture_default_str();
-  cmd->add_option("--nproc", o->nproc, "ranks of each side (data-parallel over Gloo)")
+  cmd->add_option("--nproc", o->train.nproc, "ranks of each side (data-parallel over Gloo)")
       ->check(integer_in(1, 2))
       ->capture_default_str();
   cmd->add_option("--dip-window", o->dip_window,
                   "steps after each checkpoint whose slow-down against the steps far from any is the dip")
       ->check(positive_integer<int64_t>())
       ->capture_default_str();
-  cmd->add_option("--corpus", o->corpus, "text file or directory of text files")->capture_default_str();
+  cmd->add_option("--corpus", o->train.corpus, "text file or directory of text files")->capture_default_str();
   cmd->add_option("--dir", o->dir, "scratch directory for the runs' checkpoints (default: the system temp directory)");
   cmd->add_flag("--peer", o->peer,
                 "also train the same model in PyTorch (the torch wheel's Python), checkpointing with dcp.async_save");
@@ -462,7 +448,7 @@ void add_bench_train(CLI::App& bench) {
   cmd->callback([o] {
     if (o->peer && !bench::python_peer_available()) throw Error(bench::python_peer_unavailable_reason());
     const nlohmann::json result = run_train_bench(*o);
-    std::cout << (o->json ? result.dump() + "\n" : train_bench_text(result));
+    bench::print_result(result, train_bench_text(result), o->json);
   });
 }
 

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include <fcntl.h>
 #include <spawn.h>
@@ -19,6 +20,11 @@ namespace stowage::cli {
 
 bool ChildRun::succeeded() const {
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+std::string ChildRun::output_tail() const {
+  constexpr size_t kTailChars = 2000;
+  return output.substr(output.size() > kTailChars ? output.size() - kTailChars : 0);
 }
 
 ChildRun run_child(const std::vector<std::string>& args, const std::string& log,
@@ -55,6 +61,12 @@ ChildRun run_child(const std::vector<std::string>& args, const std::string& log,
   output << in.rdbuf();
   run.output = output.str();
   return run;
+}
+
+std::string run_child_or_throw(const std::vector<std::string>& args, const std::string& log, const std::string& what) {
+  ChildRun run = run_child(args, log);
+  if (!run.succeeded()) throw Error(fmt::format("{} failed (status {}): {}", what, run.status, run.output_tail()));
+  return std::move(run.output);
 }
 
 }  // namespace stowage::cli

@@ -13,6 +13,8 @@ struct ChildRun {
   int status = 0;      // as waitpid reports it
   std::string output;  // stdout and stderr, interleaved
   bool succeeded() const;
+  // The end of the output (its last 2000 characters), for an error message.
+  std::string output_tail() const;
 };
 
 // Runs `args` (args[0] an executable's path) with stdout and stderr into the file `log`,
@@ -20,5 +22,9 @@ struct ChildRun {
 // same name), and waits for it. Throws stowage::Error when it cannot be started.
 ChildRun run_child(const std::vector<std::string>& args, const std::string& log,
                    const std::map<std::string, std::string>& environment = {});
+
+// run_child, for a run that must succeed: returns its output, or throws stowage::Error
+// "<what> failed (status N): <output_tail()>".
+std::string run_child_or_throw(const std::vector<std::string>& args, const std::string& log, const std::string& what);
 
 }  // namespace stowage::cli

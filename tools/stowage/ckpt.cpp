@@ -10,10 +10,11 @@
 
 #include <stowage/dcp/checkpoint_manager.h>
 #include <stowage/dcp/dcp.h>
-#include <stowage/dcp/safetensors.h>
-#include <stowage/dcp/torch_dcp_reader.h>
 #include <stowage/dcp/verify.h>
 #include <stowage/error.h>
+#include <stowage/interop/open_checkpoint.h>
+#include <stowage/interop/safetensors.h>
+#include <stowage/interop/torch_dcp_reader.h>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -60,12 +61,11 @@ const char* format_of(const dcp::StorageReader& reader) {
 }
 
 // The reader of the checkpoint in `dir`, stowage's or PyTorch DCP's; null when `dir`
-// holds neither's metadata (dcp::open_checkpoint's IoError with ENOENT).
+// holds neither's metadata (dcp::open_checkpoint's NotFound).
 std::unique_ptr<dcp::StorageReader> open_if_checkpoint(const std::string& dir) {
   try {
     return dcp::open_checkpoint(dir);
-  } catch (const IoError& e) {
-    if (e.error_number() != ENOENT) throw;
+  } catch (const NotFound&) {
     return nullptr;
   }
 }

@@ -4,7 +4,8 @@
 // and asynchronous checkpoints every K steps from which --resume continues exactly.
 // With --nproc N (or under torchrun) it trains data-parallel on N ranks with the
 // optimizer state sharded over them (optim::ZeroRedundancyOptimizer) and the gradients
-// averaged during backward (dist::GradientReducer).
+// averaged during backward (dist::GradientReducer): each to its owner alone with
+// --zero-stage 2 (the default), to every rank with --zero-stage 1.
 //
 // A failed checkpoint does not end the run (--on-save-failure), and SIGTERM (or
 // --preempt-signal) makes it save the step it is on and exit. Exit statuses: 0 trained
@@ -15,6 +16,7 @@
 #include "commands.h"
 #include "train_data.h"
 #include "train_model.h"
+#include "train_options.h"
 #include "train_progress.h"
 
 #include <stowage/stowage.h>
@@ -32,41 +34,13 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 namespace stowage::cli {
 namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-
-struct TrainOptions {
-  std::string corpus = kDefaultCorpusDir;
-  std::string run_dir = "runs/default";
-  int64_t steps = 200;
-  int64_t batch = 16;
-  int64_t seq_len = 64;
-  int64_t layers = 4;
-  int64_t width = 128;
-  int64_t heads = 4;
-  double lr = 3e-3;
-  uint64_t seed = 0;
-  int threads = 2;
-  int64_t recompute_segments = 2;  // 0: no activation checkpointing
-  int64_t swap_times = 4;          // 0: plain AdamW, no optimizer-state swap
-  std::string swap_to = "host";    // where swapped states live: "host" or "disk:DIR"
-  std::string swap_host_budget;    // disk tier: host memory for its buffers ("256MiB"); empty: no bound
-  int64_t ckpt_every = 50;         // 0: no checkpoints
-  int64_t keep = 3;
-  bool resume = false;
-  std::string resume_from;  // another checkpoint to start from (stowage's or PyTorch DCP's)
-  int64_t log_every = 25;
-  int nproc = 1;
-  std::string device = "cpu";                // "cuda": each rank's cuda:LOCAL_RANK
-  std::string on_save_failure = "continue";  // or "stop"
-  int64_t max_save_failures = 3;             // in a row, with "continue"; 0: no limit
-  std::vector<std::string> preempt_signals{"TERM"};
-  std::string preempt_grace = "0s";  // 0: no deadline
-};
 
 dcp::CheckpointManagerOptions checkpoint_options(const TrainOptions& options) {
   return dcp::CheckpointManagerOptions()
@@ -110,25 +84,11 @@ optim::SwapOptimizerConfig swap_config(const TrainOptions& options) {
   return config;
 }
 
-// The ranks of a data-parallel run: WORLD_SIZE and RANK as torchrun and `stowage launch`
-// set them; one rank when unset.
-struct World {
-  std::optional<dist::ProcessGroup> group;
-  int64_t rank = 0;
-  int64_t size = 1;
-};
-
-World join_world(const TrainOptions& options) {
-  World world;
+// The ranks of the run, as torchrun and `stowage launch` set them (dist::join_world),
+// checked against --nproc and --batch.
+dist::World join_world(const TrainOptions& options) {
   // --nproc N > 1 without WORLD_SIZE started N ranks instead of training (add_train_command).
-  const char* size = std::getenv("WORLD_SIZE");
-  if (size == nullptr || std::string(size) == "1") {
-    if (options.nproc > 1) throw InvalidArgument(fmt::format("--nproc {} but WORLD_SIZE is 1", options.nproc));
-    return world;
-  }
-  world.group = dist::init_process_group_from_env();
-  world.rank = world.group->rank();
-  world.size = world.group->size();
+  dist::World world = dist::join_world();
   if (options.nproc > 1 && options.nproc != world.size) {
     throw InvalidArgument(fmt::format("--nproc {} but WORLD_SIZE is {}", options.nproc, world.size));
   }
@@ -160,18 +120,23 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-int64_t tensor_bytes(const std::vector<torch::Tensor>& tensors) {
+// The bytes of the storages behind `tensors`, each counted once: a gradient that is a
+// view of the GradientReducer's bucket counts the bucket.
+int64_t storage_bytes(const std::vector<torch::Tensor>& tensors) {
+  std::unordered_set<const void*> seen;
   int64_t bytes = 0;
-  for (const auto& t : tensors) bytes += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
+  for (const auto& t : tensors) {
+    if (t.defined() && seen.insert(t.storage().unsafeGetStorageImpl()).second) {
+      bytes += static_cast<int64_t>(t.storage().nbytes());
+    }
+  }
   return bytes;
 }
 
 // The device of --device for this rank: "cuda" alone means cuda:LOCAL_RANK (torchrun's
-// local rank), one GPU per rank; anything else as parse_device reads it.
+// local rank, dist::rank_device), one GPU per rank; anything else as parse_device reads it.
 c10::Device rank_device(const std::string& text) {
-  const char* local_rank = std::getenv("LOCAL_RANK");
-  if (text == "cuda" && local_rank != nullptr && *local_rank != '\0')
-    return parse_device("cuda:" + std::string(local_rank));
+  if (text == "cuda") return parse_device(dist::rank_device(c10::Device(c10::kCUDA)).str());
   return parse_device(text);
 }
 
@@ -209,7 +174,7 @@ class Trainer {
     double first_loss = -1, last_loss = 0;
     const auto run_start = Clock::now();
     last_step_end_ = run_start;
-    const int64_t first_step = step_ + 1;
+    const int64_t first_step = current_step() + 1;
     for (int64_t step = first_step; step <= options_.steps; ++step) {
       last_loss = train_step(corpus, step);
       if (first_loss < 0) first_loss = last_loss;
@@ -222,11 +187,12 @@ class Trainer {
     if (progress_ && first_step <= options_.steps) {
       progress_->message(
           fmt::format("done: steps {}-{} in {:.3f} s, loss {:.3f} -> {:.3f}, peak activations {}, "
-                      "optimizer state resident between steps {}",
+                      "between steps: optimizer state {}, gradients {}; at peak: {} beyond the parameters",
                       first_step, options_.steps, seconds_since(run_start), first_loss, last_loss,
-                      format_bytes(peak_activation_bytes_), format_bytes(resident_bytes_)));
+                      format_bytes(peak_activation_bytes_), format_bytes(resident_bytes_),
+                      format_bytes(gradient_bytes_), format_bytes(peak_step_bytes_)));
     } else if (progress_) {
-      progress_->message(fmt::format("nothing to do: the run is already at step {}", step_));
+      progress_->message(fmt::format("nothing to do: the run is already at step {}", current_step()));
     }
     progress_ = nullptr;
     if (last_save_error_) {
@@ -246,13 +212,13 @@ class Trainer {
     if (trained && options_.ckpt_every == 0) {
       saved = "no checkpoint: --ckpt-every 0";
     } else if (trained) {
-      if (progress_) progress_->message(fmt::format("{}: saving step {} before exiting", signal, step_));
-      report_checkpoints(checkpoints_->save_now(step_, live_state()));
+      if (progress_) progress_->message(fmt::format("{}: saving step {} before exiting", signal, current_step()));
+      report_checkpoints(checkpoints_->save_now(current_step(), live_state()));
       if (last_save_error_) {
-        throw Error(fmt::format("{}: the checkpoint of step {} failed, the run ends without it: {}", signal, step_,
-                                last_save_error_->second));
+        throw Error(fmt::format("{}: the checkpoint of step {} failed, the run ends without it: {}", signal,
+                                current_step(), last_save_error_->second));
       }
-      saved = fmt::format("step {} committed in {:.3f} s", step_, seconds_since(start));
+      saved = fmt::format("step {} committed in {:.3f} s", current_step(), seconds_since(start));
     }
     // No rank exits before every rank is past the commit. Disarmed only then, so that a
     // second signal or the grace deadline still ends a rank that waits for a dead one.
@@ -260,7 +226,7 @@ class Trainer {
     notice.disarm();  // the job ends on its own terms now: a signal still to come is ignored
     if (progress_) {
       progress_->message(fmt::format("preempted by {} at step {}: {}; exiting with status {} (--resume continues)",
-                                     signal, step_, saved, kPreemptedStatus));
+                                     signal, current_step(), saved, kPreemptedStatus));
     }
     throw CLI::RuntimeError(kPreemptedStatus);
   }
@@ -280,6 +246,24 @@ class Trainer {
       throw InvalidArgument(fmt::format("--recompute-segments {} exceeds the {} transformer blocks",
                                         options_.recompute_segments, options_.layers));
     }
+    if (options_.offload_checkpoint_inputs && options_.recompute_segments == 0 &&
+        options_.selective_recompute.empty()) {
+      throw InvalidArgument(
+          "--offload-checkpoint-inputs offloads the inputs of activation checkpoints, but none are made: pass "
+          "--recompute-segments N or --selective-recompute with it");
+    }
+    if (!options_.selective_recompute.empty()) {
+      if (options_.recompute_segments > 0) {
+        throw InvalidArgument(fmt::format(
+            "--selective-recompute {} checkpoints part of each block and --recompute-segments {} whole blocks; "
+            "pass --recompute-segments 0 with --selective-recompute",
+            options_.selective_recompute, options_.recompute_segments));
+      }
+      const std::string site = options_.selective_recompute == "mlp" ? "mlp" : "attention_core";
+      activation::apply_activation_checkpointing(
+          *model_, activation::module_name(R"(blocks\.\d+\.)" + site),
+          activation::CheckpointOptions().offload_inputs(options_.offload_checkpoint_inputs));
+    }
     baseline_bytes_ = memory::memory_allocated(device_);
     // Each rank's optimizer steps its own share of the parameters: all of them on one rank.
     const std::vector<torch::Tensor> params = model_->parameters();
@@ -292,9 +276,24 @@ class Trainer {
           return std::make_shared<torch::optim::AdamW>(std::move(share), torch::optim::AdamWOptions(lr));
         },
         world_.group, zero_options);
-    if (world_.group) gradient_reducer_ = std::make_unique<dist::GradientReducer>(params, *world_.group);
+    if (world_.group) {
+      auto reducer_options = dist::GradientReducerOptions().gradient_as_bucket_view(options_.gradient_as_bucket_view);
+      if (options_.zero_stage == 2) reducer_options.gradient_owners(optimizer_->owners());
+      gradient_reducer_ = std::make_unique<dist::GradientReducer>(params, *world_.group, reducer_options);
+    }
     // One data stream for the run: every rank draws the global batch and takes its slice.
     data_generator_ = at::make_generator<at::CPUGeneratorImpl>(options_.seed + 1);
+    training_progress_ = c10::make_intrusive<TrainingProgress>(data_generator_);
+  }
+
+  // "2 segments", "selective (mlp)" or "off".
+  std::string activation_checkpointing() const {
+    const char* offload = options_.offload_checkpoint_inputs ? ", inputs offloaded" : "";
+    if (options_.recompute_segments > 0) return fmt::format("{} segments{}", options_.recompute_segments, offload);
+    if (!options_.selective_recompute.empty()) {
+      return fmt::format("selective ({}){}", options_.selective_recompute, offload);
+    }
+    return "off";
   }
 
   // "host", or "disk:DIR via io_uring".
@@ -309,22 +308,22 @@ class Trainer {
     return fmt::format(
         "training a {}-layer byte-level transformer ({:.2f}M parameters) on '{}' ({} bytes); activation "
         "checkpointing: {}; optimizer: {}; checkpoints: {}{}{}",
-        options_.layers, parameters / 1e6, corpus.source(), corpus.size(),
-        options_.recompute_segments > 0 ? fmt::format("{} segments", options_.recompute_segments) : "off",
+        options_.layers, parameters / 1e6, corpus.source(), corpus.size(), activation_checkpointing(),
         optimizer_->swap()
             ? fmt::format("AdamW with state swap ({} batches, to {})", options_.swap_times, options_.swap_to)
             : "plain AdamW",
         options_.ckpt_every > 0 ? fmt::format("every {} steps into {}, keeping {}", options_.ckpt_every,
                                               checkpoints_dir(options_.run_dir), options_.keep)
                                 : "off",
-        world_.size > 1 ? fmt::format("; data-parallel over {} ranks, optimizer state sharded (rank 0 owns "
-                                      "parameters {}-{} of {})",
-                                      world_.size, optimizer_->owned().begin, optimizer_->owned().end - 1,
-                                      model_->parameters().size())
-                        : "",
+        world_.size > 1
+            ? fmt::format("; data-parallel over {} ranks, ZeRO stage {}: optimizer state{} sharded "
+                          "(rank 0 owns parameters {}-{} of {})",
+                          world_.size, options_.zero_stage, options_.zero_stage == 2 ? " and gradients" : "",
+                          optimizer_->owned().begin, optimizer_->owned().end - 1, model_->parameters().size())
+            : "",
         device_.is_cpu() ? ""
                          : fmt::format("; on {}{}", device_.str(),
-                                       world_.group ? fmt::format(", gradients all-reduced through c10d {}",
+                                       world_.group ? fmt::format(", gradients reduced through c10d {}",
                                                                   world_.group->backend_name(device_))
                                                     : ""));
   }
@@ -338,14 +337,21 @@ class Trainer {
     }
     inputs = inputs.to(device_);
     targets = targets.to(device_);
-    model_->zero_grad();
+    if (gradient_reducer_) {
+      gradient_reducer_->zero_grad();  // in place: the gradients are views of its buckets
+    } else {
+      model_->zero_grad();
+    }
     memory::reset_peak_memory_stats(device_);
     const int64_t before = memory::memory_allocated(device_);
     double loss_value = 0;
     {
       const int64_t segments = options_.recompute_segments;
-      auto logits = model_->forward(inputs, [segments](torch::nn::Sequential& blocks, const torch::Tensor& x) {
-        return segments > 0 ? activation::checkpoint_sequential(blocks, segments, x) : blocks->forward(x);
+      const auto checkpoint_options =
+          activation::CheckpointOptions().offload_inputs(options_.offload_checkpoint_inputs);
+      auto logits = model_->forward(inputs, [&](torch::nn::Sequential& blocks, const torch::Tensor& x) {
+        return segments > 0 ? activation::checkpoint_sequential(blocks, segments, x, checkpoint_options)
+                            : blocks->forward(x);
       });
       auto loss = torch::cross_entropy_loss(logits.view({-1, vocab_}), targets.reshape({-1}));
       loss.backward();
@@ -360,13 +366,19 @@ class Trainer {
     // what it copies; staging overlapped with this step's forward and backward.
     checkpoints_->wait_for_staging();
     optimizer_->step();
-    step_ = step;
+    training_progress_->set_step(step);
     // From the end of the step before: what the save after that step blocked counts.
     const auto end = Clock::now();
     const double step_s = std::chrono::duration<double>(end - last_step_end_).count();
     last_step_end_ = end;
-    resident_bytes_ = memory::memory_allocated(device_) - baseline_bytes_ - tensor_bytes(grads());
+    // With copies (--gradient-as-bucket-view false), the reducer's buckets hold gradients too.
+    gradient_bytes_ =
+        storage_bytes(grads()) +
+        (gradient_reducer_ && !options_.gradient_as_bucket_view ? gradient_reducer_->kept_bucket_bytes() : 0);
+    resident_bytes_ = memory::memory_allocated(device_) - baseline_bytes_ - gradient_bytes_;
+    const int64_t step_peak = memory::max_memory_allocated(device_) - baseline_bytes_;
     peak_activation_bytes_ = std::max(peak_activation_bytes_, activation_peak);
+    peak_step_bytes_ = std::max(peak_step_bytes_, step_peak);
     report_checkpoints(checkpoints_->poll());
     if (!progress_) return loss_value;
 
@@ -377,8 +389,12 @@ class Trainer {
     report.step_s = step_s;
     report.tokens_per_s = static_cast<double>(options_.batch * options_.seq_len) / step_s;
     report.peak_activation_bytes = activation_peak;
+    report.peak_step_bytes = step_peak;
     report.optimizer_resident_bytes = resident_bytes_;
-    report.staging_bytes = memory::host_buffer_stats().current_bytes;
+    report.gradient_bytes = gradient_bytes_;
+    const memory::HostBufferStats host = memory::host_buffer_stats();
+    report.checkpoint_host_bytes = host.checkpoint_bytes;
+    report.optimizer_host_bytes = host.optimizer_bytes;
     progress_->step(report);
     return loss_value;
   }
@@ -389,19 +405,16 @@ class Trainer {
     return out;
   }
 
-  // Everything a resumed run needs: model, optimizer (swapped state included), the
-  // RNG states and the data position. Model and optimizer are Stateful values, turned
-  // into state dicts by dcp on this thread. Across ranks, the optimizer states are each
-  // rank's own and everything else is replicated (written once).
+  // Everything a resumed run needs: model, optimizer (swapped state included), and the
+  // progress (the step, the RNG states and with them the data position). All three are
+  // Stateful values, turned into state dicts by dcp on this thread, and loaded back into
+  // the live objects. Across ranks, the optimizer states are each rank's own and
+  // everything else is replicated (written once).
   StateDict live_state() {
-    StateDict progress;
-    progress.insert("step", step_);
-    progress.insert("data_rng", data_generator_.get_state());
-    progress.insert("torch_rng", at::detail::getDefaultCPUGenerator().get_state());
     StateDict state;
     state.insert("model", as_ivalue(model_.ptr()));
     state.insert("optim", as_ivalue(c10::intrusive_ptr<Stateful>(optimizer_)));
-    state.insert("progress", progress);
+    state.insert("progress", as_ivalue(training_progress_));
     return state;
   }
 
@@ -445,9 +458,9 @@ class Trainer {
       }
       return;
     }
-    apply_progress(state.at("progress").toGenericDict());
     if (progress_) {
-      progress_->message(fmt::format("resume: from {} (step {})", checkpoints_->checkpoint_path(*step), step_));
+      progress_->message(
+          fmt::format("resume: from {} (step {})", checkpoints_->checkpoint_path(*step), current_step()));
     }
   }
 
@@ -473,36 +486,33 @@ class Trainer {
       state.erase("progress");
     }
     dcp::load(state, *reader, {}, world_.group);
-    if (from_stowage_train) apply_progress(state.at("progress").toGenericDict());
     if (progress_) {
       progress_->message(fmt::format("started from {} ({}) at step {}", path,
                                      from_stowage_train ? "model, optimizer and progress" : "model; a fresh optimizer",
-                                     step_));
+                                     current_step()));
     }
   }
 
-  void apply_progress(const StateDict& progress) {
-    step_ = progress.at("step").toInt();
-    data_generator_.set_state(progress.at("data_rng").toTensor());
-    at::Generator torch_generator = at::detail::getDefaultCPUGenerator();  // a handle: set_state is non-const
-    torch_generator.set_state(progress.at("torch_rng").toTensor());
-  }
+  int64_t current_step() const { return training_progress_->step(); }
 
   TrainOptions options_;
   // From the start, before the ranks meet: a notice during the rendezvous or --resume's
   // load is kept for the first step boundary.
   dist::PreemptionNotice notice_;
-  World world_;
+  dist::World world_;
   c10::Device device_;
   LanguageModel model_{nullptr};
   int64_t vocab_ = 0;
   c10::intrusive_ptr<optim::ZeroRedundancyOptimizer> optimizer_;
   std::unique_ptr<dist::GradientReducer> gradient_reducer_;  // with a group
   at::Generator data_generator_;
-  int64_t step_ = 0;
+  // The step, and the states of data_generator_ and the default CPU generator.
+  c10::intrusive_ptr<TrainingProgress> training_progress_;
   int64_t baseline_bytes_ = 0;
-  int64_t resident_bytes_ = 0;
+  int64_t resident_bytes_ = 0;  // optimizer state on the device between steps
+  int64_t gradient_bytes_ = 0;  // gradients on the device between steps
   int64_t peak_activation_bytes_ = 0;
+  int64_t peak_step_bytes_ = 0;  // the most device memory a step held beyond the parameters
   std::optional<dcp::CheckpointManager> checkpoints_;
   std::optional<std::pair<int64_t, std::string>> last_save_error_;  // the last save's step and error, if it failed
   Clock::time_point last_step_end_;
@@ -547,6 +557,13 @@ void add_train_command(CLI::App& app) {
                   "activation checkpointing: checkpoint_sequential segments over the blocks (0: off)")
       ->check(non_negative_integer<int64_t>())
       ->capture_default_str();
+  cmd->add_option("--selective-recompute", options->selective_recompute,
+                  "activation checkpointing of one part of each block only: its attention core (scores, softmax, "
+                  "weighted values) or its MLP; with --recompute-segments 0")
+      ->check(CLI::IsMember({"attention-core", "mlp"}));
+  cmd->add_flag("--offload-checkpoint-inputs", options->offload_checkpoint_inputs,
+                "activation checkpointing: keep the inputs of the checkpoints in pinned host memory until backward "
+                "(on a device; nothing on the CPU)");
   cmd->add_option("--swap-times", options->swap_times,
                   "optimizer-state swap batches (0: plain AdamW with its state resident)")
       ->check(non_negative_integer<int64_t>())
@@ -578,6 +595,15 @@ void add_train_command(CLI::App& app) {
                   "data-parallel ranks on this machine, started as with `stowage launch`; --batch is split "
                   "over them and the optimizer state sharded")
       ->check(positive_integer<int>())
+      ->capture_default_str();
+  cmd->add_option("--zero-stage", options->zero_stage,
+                  "with several ranks: 1 shards the optimizer state over them, 2 the gradients too (each rank "
+                  "keeps only those of its own parameters); stage 3 (parameters) is not supported")
+      ->check(integer_in<int64_t>(1, 2))
+      ->capture_default_str();
+  cmd->add_option("--gradient-as-bucket-view", options->gradient_as_bucket_view,
+                  "with several ranks: the gradients are views of the reducer's buckets (true), or the buckets a "
+                  "second copy of them (false: more memory and copies, as PyTorch DDP's default)")
       ->capture_default_str();
   cmd->add_option("--device", options->device,
                   "where the model trains: cpu, cuda:N, or cuda (each rank on cuda:LOCAL_RANK)")

@@ -14,6 +14,8 @@ BlockImpl::BlockImpl(int64_t width, int64_t heads) : heads_(heads) {
   mlp_norm_ = register_module("mlp_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})));
   mlp_in_ = register_module("mlp_in", torch::nn::Linear(width, 4 * width));
   mlp_out_ = register_module("mlp_out", torch::nn::Linear(4 * width, width));
+  attention_core_ = register_module("attention_core", activation::CheckpointSite());
+  mlp_ = register_module("mlp", activation::CheckpointSite());
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
@@ -23,12 +25,19 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   auto q = qkv.select(2, 0).transpose(1, 2);  // [batch, heads, time, head_width]
   auto k = qkv.select(2, 1).transpose(1, 2);
   auto v = qkv.select(2, 2).transpose(1, 2);
-  auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_width));
-  const auto causal = torch::ones({time, time}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
-  scores = scores.masked_fill(causal, -std::numeric_limits<float>::infinity());
-  auto attended = torch::matmul(torch::softmax(scores, -1), v).transpose(1, 2).reshape({batch, time, width});
+  const auto core = [head_width, time](const std::vector<c10::IValue>& in) -> std::vector<c10::IValue> {
+    const auto& q = in[0].toTensor();
+    auto scores = torch::matmul(q, in[1].toTensor().transpose(-2, -1)) / std::sqrt(static_cast<double>(head_width));
+    const auto causal =
+        torch::ones({time, time}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
+    scores = scores.masked_fill(causal, -std::numeric_limits<float>::infinity());
+    return {torch::matmul(torch::softmax(scores, -1), in[2].toTensor())};
+  };
+  auto attended = attention_core_->forward(core, {q, k, v})[0].toTensor().transpose(1, 2).reshape({batch, time, width});
   auto h = x + attention_out_->forward(attended);
-  return h + mlp_out_->forward(torch::gelu(mlp_in_->forward(mlp_norm_->forward(h))));
+  return h +
+         mlp_->forward([this](const torch::Tensor& in) { return mlp_out_->forward(torch::gelu(mlp_in_->forward(in))); },
+                       mlp_norm_->forward(h));
 }
 
 LanguageModelImpl::LanguageModelImpl(const LanguageModelOptions& options) : options_(options) {

@@ -3,6 +3,8 @@
 // The model `stowage train` trains: a small decoder-only transformer language model
 // over bytes (vocabulary 256), built from LibTorch modules.
 
+#include <stowage/activation/policy.h>
+
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/embedding.h>
@@ -19,7 +21,10 @@ struct LanguageModelOptions {
   int64_t heads = 4;
 };
 
-// Pre-norm block: x + attention(norm(x)), then x + mlp(norm(x)). Causal attention.
+// Pre-norm block: x + attention(norm(x)), then x + mlp(norm(x)). Causal attention. Its
+// attention core (scores, softmax, weighted values: the activations quadratic in the
+// sequence length) and its MLP run through CheckpointSites, "attention_core" and "mlp",
+// which activation::apply_activation_checkpointing can enable (selective recompute).
 class BlockImpl : public torch::nn::Module {
  public:
   BlockImpl(int64_t width, int64_t heads);
@@ -29,6 +34,7 @@ class BlockImpl : public torch::nn::Module {
   int64_t heads_;
   torch::nn::LayerNorm attention_norm_{nullptr}, mlp_norm_{nullptr};
   torch::nn::Linear qkv_{nullptr}, attention_out_{nullptr}, mlp_in_{nullptr}, mlp_out_{nullptr};
+  activation::CheckpointSite attention_core_{nullptr}, mlp_{nullptr};
 };
 TORCH_MODULE(Block);
 

@@ -51,7 +51,11 @@ std::vector<ProgressField> progress_fields(const StepReport& r, const std::strin
       {fmt::format("{:.0f} ms", r.step_s * 1e3), 5},
       {fmt::format("act {}", format_bytes(r.peak_activation_bytes)), 6},
       {fmt::format("optim {}", format_bytes(r.optimizer_resident_bytes)), 7},
-      {fmt::format("staging {}", format_bytes(r.staging_bytes)), 8},
+      {fmt::format("grads {}", format_bytes(r.gradient_bytes)), 8},
+      {fmt::format("peak {}", format_bytes(r.peak_step_bytes)), 9},
+      {fmt::format("host ckpt {} + swap {}", format_bytes(r.checkpoint_host_bytes),
+                   format_bytes(r.optimizer_host_bytes)),
+       10},
   };
   if (!last_checkpoint.empty()) {
     fields.push_back({last_checkpoint, 4});
@@ -98,8 +102,11 @@ void Progress::step(const StepReport& r) {
                              {"tokens_per_s", r.tokens_per_s},
                              {"step_s", r.step_s},
                              {"peak_activation_bytes", r.peak_activation_bytes},
+                             {"peak_step_bytes", r.peak_step_bytes},
                              {"optimizer_resident_bytes", r.optimizer_resident_bytes},
-                             {"staging_bytes", r.staging_bytes}}
+                             {"gradient_bytes", r.gradient_bytes},
+                             {"checkpoint_host_bytes", r.checkpoint_host_bytes},
+                             {"optimizer_host_bytes", r.optimizer_host_bytes}}
                   .dump()
            << '\n';
   // Each record reaches the file as it is written, so that a run killed (SIGKILL, a
@@ -109,9 +116,12 @@ void Progress::step(const StepReport& r) {
   if (interactive_) {
     draw();
   } else if (r.step % log_every_ == 0 || r.step == r.total_steps) {
-    fmt::print("step {}/{} loss {:.4f} {:.0f} tok/s {:.0f} ms/step act-peak {} optim-resident {} staging {}\n", r.step,
-               r.total_steps, r.loss, r.tokens_per_s, r.step_s * 1e3, format_bytes(r.peak_activation_bytes),
-               format_bytes(r.optimizer_resident_bytes), format_bytes(r.staging_bytes));
+    fmt::print(
+        "step {}/{} loss {:.4f} {:.0f} tok/s {:.0f} ms/step act-peak {} step-peak {} optim-resident {} grads {} "
+        "host-ckpt {} host-optim {}\n",
+        r.step, r.total_steps, r.loss, r.tokens_per_s, r.step_s * 1e3, format_bytes(r.peak_activation_bytes),
+        format_bytes(r.peak_step_bytes), format_bytes(r.optimizer_resident_bytes), format_bytes(r.gradient_bytes),
+        format_bytes(r.checkpoint_host_bytes), format_bytes(r.optimizer_host_bytes));
     std::fflush(stdout);
   }
 }

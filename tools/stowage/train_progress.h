@@ -18,8 +18,11 @@ struct StepReport {
   double tokens_per_s = 0;
   double step_s = 0;
   int64_t peak_activation_bytes = 0;     // peak allocator bytes during forward + backward
+  int64_t peak_step_bytes = 0;           // peak device bytes of the whole step beyond the parameters
   int64_t optimizer_resident_bytes = 0;  // optimizer state held in device memory between steps
-  int64_t staging_bytes = 0;             // host staging buffers (checkpoint + swap)
+  int64_t gradient_bytes = 0;            // gradients held in device memory between steps
+  int64_t checkpoint_host_bytes = 0;     // host buffers of checkpoint staging
+  int64_t optimizer_host_bytes = 0;      // host buffers of the optimizer's swapped states
 };
 
 struct CheckpointReport {

@@ -35,12 +35,12 @@
 // In-place modifications of the inputs:
 //   - The recomputation reads fn's inputs again, so they must hold in backward what
 //     they held in the forward. If fn modifies an input in place (a top-level tensor,
-//     or one inside a container input), checkpoint raises CheckpointError naming the
+//     or one inside a container input), checkpoint raises RecomputationError naming the
 //     input as soon as fn returns in the forward (the tensor then holds what a plain
 //     call of fn leaves in it): the recomputation would modify it a second time and
 //     compute the gradients at the modified value. Under no_grad nothing is recomputed
 //     and nothing is checked. Modifying an input in place between the forward and
-//     backward (e.g. by the caller) is a CheckpointError naming it when backward
+//     backward (e.g. by the caller) is a RecomputationError naming it when backward
 //     starts the recomputation. Tensors fn reaches otherwise (the parameters and
 //     buffers it captures) are not seen by checkpoint: they must not change between
 //     the forward and backward either (e.g. no optimizer step in between).
@@ -52,10 +52,10 @@
 //   - backward recomputes inside the engine's backward pass and calls backward again
 //     (a "reentrant" backward). autograd::grad, and backward with its `inputs`
 //     argument, restrict the engine to some graph nodes, which would skip the
-//     parameters fn touches; such a call raises CheckpointError and leaves autograd
+//     parameters fn touches; such a call raises RecomputationError and leaves autograd
 //     usable.
 //   - Gradients of gradients: backward with create_graph through a checkpoint raises
-//     CheckpointError (the recomputed gradients could not be differentiated towards
+//     RecomputationError (the recomputed gradients could not be differentiated towards
 //     the caller's inputs).
 //   - A second backward through the same outputs needs retain_graph, as for any graph;
 //     it recomputes fn again.
@@ -79,15 +79,18 @@ namespace stowage::activation {
 
 // A checkpoint could not be computed or replayed faithfully (the recomputation
 // differed from the original forward, or the backward call is incompatible).
-class CheckpointError : public Error {
+class RecomputationError : public Error {
  public:
   using Error::Error;
 };
+// Its name until dcp's error of the same name made two.
+using CheckpointError [[deprecated("activation::CheckpointError is now activation::RecomputationError")]] =
+    RecomputationError;
 
 enum class DeterminismCheck {
   // PyTorch's "default": compares the number of outputs and each tensor output's
   // shape, dtype and device between the original forward and the recomputation; a
-  // mismatch is a CheckpointError naming the output. (PyTorch's non-reentrant
+  // mismatch is a RecomputationError naming the output. (PyTorch's non-reentrant
   // variant compares the tensors saved for backward; what the reentrant variant can
   // compare is what fn returns.)
   Default,
@@ -123,6 +126,16 @@ struct CheckpointOptions {
   // statistics take two momentum steps and its counter counts the batch twice); the
   // buffers are then left alone.
   TORCH_ARG(bool, keep_recomputed_buffer_updates) = false;
+  // Keeps the tensor inputs the recomputation needs in host memory rather than on their
+  // device between the forward and the backward (Hugging Face's and DeepSpeed's offload of
+  // checkpoint inputs): once fn has run, each top-level tensor input on a device (the
+  // first input's device, if they differ) is copied to pinned host memory on a side
+  // stream, and its device memory is freed when the copy has run (if nothing else holds
+  // it); backward brings it back before the recomputation. checkpoint_sequential brings
+  // the previous segment's inputs back while the current one recomputes. Gradients are
+  // bit-identical to keeping them. On the CPU it does nothing, and says so once; without
+  // pinned memory for the device it copies to pageable memory, and says so once.
+  TORCH_ARG(bool, offload_inputs) = false;
 };
 
 // fn receives the inputs (with tensors as given in forward, detached copies that

@@ -9,7 +9,7 @@
 // backward starts right after it and recomputing it would save nothing. segments = 1
 // therefore checkpoints nothing. Each module must map one tensor to one tensor. A module
 // that modifies its input in place (e.g. an in-place activation) must not come first in
-// a checkpointed segment: the segment's checkpoint raises CheckpointError, as
+// a checkpointed segment: the segment's checkpoint raises RecomputationError, as
 // checkpoint() does for any fn that modifies its input.
 
 #include <stowage/activation/checkpoint.h>

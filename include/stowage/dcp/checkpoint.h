@@ -12,12 +12,12 @@
 // the plans, deduplicates replicated tensors, checks that the shards tile every tensor,
 // builds the metadata and scatters each rank its final plan; every rank writes its own
 // data files; rank 0 gathers the results and commits the metadata only once every rank
-// has written. A failure on any rank reaches every rank: each raises CheckpointError
+// has written. A failure on any rank reaches every rank: each raises DistributedCheckpointError
 // naming the failed ranks and their causes, and nothing is committed. Every rank takes
 // part in every collective whatever failed (an error before the first one, even in
 // making the FileSystemWriter or FileSystemReader of a path, is the rank's failure in
 // the first step), so the group stays usable. A rank that dies or hangs fails the group
-// (stowage/dist/process_group.h): the others raise CheckpointError naming it as dead or
+// (stowage/dist/process_group.h): the others raise DistributedCheckpointError naming it as dead or
 // unresponsive, at once for a dead rank plus the group's check_in_timeout, after the
 // group's timeout for a hung one; the group is then unusable.
 
@@ -43,20 +43,15 @@
 namespace stowage::dcp {
 
 // Why a distributed save or load failed on one rank: the kind of that rank's error and
-// its fields, which travel between the ranks with it.
+// its class's fields, which travel between the ranks with it. kUnresponsive: the rank
+// died or stopped answering in the collectives.
 struct RankFailure {
-  enum class Kind {
-    kInvalidArgument,  // bad input (InvalidArgument)
-    kIo,               // a system call on a file failed (IoError): path, operation, error_number
-    kCorruption,       // stored bytes are not what was written (CorruptionError): entry, file, offset
-    kUnresponsive,     // the rank died or stopped answering in the collectives
-    kError,            // any other error
-  };
+  using Kind = ErrorKind;
   Kind kind = Kind::kError;
   std::string message;
-  std::string path;       // kIo
-  std::string operation;  // kIo
-  int error_number = 0;   // kIo
+  std::string path;       // kIo, kNotFound
+  std::string operation;  // kIo, kNotFound
+  int error_number = 0;   // kIo, kNotFound
   std::string entry;      // kCorruption
   std::string file;       // kCorruption
   int64_t offset = -1;    // kCorruption
@@ -64,11 +59,11 @@ struct RankFailure {
 
 // A distributed save or load that failed on some ranks; every rank of the group raises
 // it.
-class CheckpointError : public Error {
+class DistributedCheckpointError : public Error {
  public:
   // `step`: "start" (async_save's agreement), "plan", "write", "commit" or "load";
   // `failures`: by rank.
-  CheckpointError(std::string step, std::map<int64_t, RankFailure> failures);
+  DistributedCheckpointError(std::string step, std::map<int64_t, RankFailure> failures);
   const std::string& step() const { return step_; }
   const std::map<int64_t, RankFailure>& failures() const { return failures_; }
 
@@ -76,6 +71,9 @@ class CheckpointError : public Error {
   std::string step_;
   std::map<int64_t, RankFailure> failures_;
 };
+// Its name until activation's error of the same name made two.
+using CheckpointError [[deprecated("dcp::CheckpointError is now dcp::DistributedCheckpointError")]] =
+    DistributedCheckpointError;
 
 // Saves `state` and returns the committed metadata. On an exception nothing of this
 // save remains and the previous checkpoint is untouched.
@@ -89,7 +87,7 @@ Metadata save(const StateDict& state, const std::string& checkpoint_dir,
 // that writes the stager's previous snapshot, on any writer, while the stager reuses
 // its buffers (AsyncStager::reuses_buffers()).
 // With a group the ranks agree first (one collective on the group, on the caller's
-// thread): if any rank would reject, every rank throws CheckpointError (step "start")
+// thread): if any rank would reject, every rank throws DistributedCheckpointError (step "start")
 // naming the ranks with a save in flight, and none starts a save.
 enum class PendingSave {
   kWait,    // wait for it on the caller's thread, then stage (the default)
@@ -148,7 +146,7 @@ bool has_pending_save(const StorageWriter& writer);
 // the order they were started. Every rank must then return from async_save to report:
 // a rank's error before the write (validation, a Stateful's state_dict(), staging)
 // goes into its futures and, through the collectives, into every rank's
-// upload_completion as a CheckpointError. async_save itself runs one collective on
+// upload_completion as a DistributedCheckpointError. async_save itself runs one collective on
 // `group`, on the caller's thread, before anything starts (see PendingSave).
 AsyncSaveResponse async_save(const StateDict& state, StorageWriter& writer, AsyncStager* stager = nullptr,
                              AsyncSaveOptions options = {}, std::optional<dist::ProcessGroup> group = std::nullopt);
@@ -185,7 +183,7 @@ struct LoadOptions {
 //
 // With a group, every rank reads and verifies its part, then the ranks agree (every
 // rank must load the same checkpoint and all must have succeeded) before any changes
-// its state: on a failure anywhere every rank raises CheckpointError and no rank's
+// its state: on a failure anywhere every rank raises DistributedCheckpointError and no rank's
 // state is changed.
 void load(StateDict& state, StorageReader& reader, LoadOptions options = {},
           std::optional<dist::ProcessGroup> group = std::nullopt);

@@ -47,7 +47,7 @@
 // again; the max_consecutive_failures-th failure in a row is thrown instead. With
 // kStop every failure is thrown, once, by the save() that starts it (what fails before
 // the write, without a group) or by the next save(), poll() or wait() (the
-// CheckpointError of dcp::async_save). With a group every rank sees the same outcome
+// DistributedCheckpointError of dcp::async_save). With a group every rank sees the same outcome
 // of each save (async_save's collectives), so every rank reaches the same verdict.
 // restore() falls back to older committed checkpoints past unreadable ones.
 //

@@ -12,5 +12,5 @@
 #include <stowage/dcp/sharded_tensor.h>
 #include <stowage/dcp/staging.h>
 #include <stowage/dcp/storage.h>
-#include <stowage/dcp/torch_dcp_reader.h>
+#include <stowage/dcp/torch_dcp_reader.h>  // deprecated here: the interop library's (stowage::interop)
 #include <stowage/dcp/verify.h>

@@ -9,7 +9,8 @@
 //
 // Failure semantics, for every implementation: a call that fails throws IoError naming
 // the path, the operation ("open", "create", "write", "fsync", "rename", "unlink",
-// "mmap", "read", "mkdir", "list", "lock", "stat") and errno; a file shorter than a read
+// "mmap", "read", "mkdir", "list", "lock", "stat") and errno (NotFound, a kind of
+// IoError, for ENOENT and ENOTDIR); a file shorter than a read
 // needs throws CorruptionError; a call that fails changes nothing it was not asked to.
 // An Env and the objects it returns may be used from several threads at once, each
 // file by one thread at a time. The Env must outlive the writers, readers and managers
@@ -37,7 +38,7 @@ class WritableFile {
 
 // The first length() bytes of a file, mapped read-only. Pages of a file someone else
 // truncates later raise SIGBUS when touched: read them only through the guarded reads
-// of src/dcp/mapped_file.h.
+// of src/dcp/storage/mapped_file.h.
 class MappedRegion {
  public:
   virtual ~MappedRegion() = default;

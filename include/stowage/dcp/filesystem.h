@@ -96,7 +96,7 @@ class FileSystemWriter : public StorageWriter, public BlockingAsyncStager {
 // are not followed. Data files are read through read-only mappings (no copy into a
 // buffer of the reader's), after checking every range against the file's size; a file
 // truncated by someone else while it is read fails the read with an Error instead of
-// a SIGBUS (src/dcp/mapped_file.h installs the process's SIGBUS handler for that).
+// a SIGBUS (src/dcp/storage/mapped_file.h installs the process's SIGBUS handler for that).
 class FileSystemReader : public StorageReader {
  public:
   // Every file-system call goes through `env` (env.h), which must outlive the reader.

@@ -10,15 +10,19 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
+#include <future>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace stowage::dcp {
 
-// The storage of a save: a pure interface. An async_save's background work is owned by
-// its response (AsyncSaveResponse), not by the writer, so a subclass has nothing to wait
-// for; the writer must outlive the responses of the saves it serves.
+// The storage of a save: an interface. An async_save's background work is owned by its
+// response (AsyncSaveResponse), not by the writer, so a subclass has nothing to wait for;
+// the writer must outlive the responses of the saves it serves. The writer keeps a handle
+// on the async_save in flight on it, so that the next one waits or is rejected
+// (PendingSave); subclasses never see it.
 class StorageWriter {
  public:
   StorageWriter() = default;
@@ -38,6 +42,13 @@ class StorageWriter {
   virtual void finish(const Metadata& metadata) = 0;
   // Every rank, after a failure anywhere: removes what this save wrote. Never throws.
   virtual void abort() noexcept = 0;
+
+ private:
+  friend class PendingSaveAccess;
+  // The upload of the async_save in flight on this writer (one at a time), from its
+  // start until it no longer uses the writer; invalid when none is. Guarded by the mutex.
+  mutable std::mutex pending_mutex_;
+  mutable std::shared_future<Metadata> pending_save_;
 };
 
 // A saved chunk, or a box of it, to read, and the contiguous CPU buffer it goes to: the

@@ -3,26 +3,55 @@
 // Gradient averaging for data parallelism, overlapped with the backward pass (the role of
 // the Reducer inside PyTorch's DistributedDataParallel): the parameters are grouped into
 // buckets of about bucket_cap_mb (25 MiB by default, as DDP's), in reverse order, since
-// backward produces the last layers' gradients first. A gradient hook on each parameter
-// copies its gradient into its bucket; once a bucket has all its gradients, a
-// communication thread all-reduces it while backward goes on with the earlier layers.
+// backward produces the last layers' gradients first. Once a bucket has all its
+// gradients, a communication thread reduces it while backward goes on with the earlier
+// layers.
 //
 //   dist::GradientReducer reducer(model->parameters(), group);
-//   model->zero_grad(); loss.backward(); reducer.synchronize(); optimizer.step();
+//   reducer.zero_grad(); loss.backward(); reducer.synchronize(); optimizer.step();
 //
-// The buckets are all-reduced in bucket order on every rank, whatever order their
+// Gradients held once (DDP's gradient_as_bucket_view): the buckets are the gradients'
+// storage. Each parameter's .grad() is a view of its slot in its bucket (strided as the
+// parameter when it is dense), set by the constructor, so that autograd accumulates into
+// the bucket in place and nothing is copied; the reducer learns of each gradient from a
+// post-hook on the parameter's AccumulateGrad node (followed to a new node when set_data
+// makes one, as a Module::to round trip does). zero_grad() zeroes the buckets in place and
+// keeps the views; a .grad() reset or replaced by the caller (Module::zero_grad() resets
+// on LibTorch 2.x), or a sparse gradient (Embedding with sparse=true), still gives the
+// right result, at the cost of one copy into the bucket when its gradient arrives.
+//
+// Sharded gradients (ZeRO stage 2, with GradientReducerOptions::gradient_owners): each
+// bucket holds the parameters of one owner and is reduced to that rank alone. A rank keeps
+// the buckets of the parameters it owns, as above; the gradients of the others it copies
+// into a bucket made when the first one arrives and freed once the bucket is reduced, so
+// that between steps it holds only its own parameters' gradients; during backward it also
+// holds the others' buckets from their first gradient until they are reduced (with
+// overlap(false), until synchronize(): every bucket at once).
+//
+// The buckets are reduced in bucket order on every rank, whatever order their
 // gradients arrive in, so the ranks' collectives always match. They run on a group of
 // their own (made from `group` by the constructor, collectively), never interleaving with
 // the caller's collectives.
 //
-// Contract: the gradients are zero or undefined before each backward (zero_grad()): the
-// hooks see each backward's new gradient, and synchronize() replaces every parameter's
-// gradient by the mean of those over the ranks; a parameter that got no gradient counts
-// as zeros. A parameter whose hook fires again after its bucket was sent (used twice, in
-// separate backward calls, as reentrant checkpointing of a shared parameter does) makes
-// synchronize() throw InvalidArgument naming it, rather than average a partial gradient.
+// Contract: each backward's gradients are summed into zeroed gradients (zero_grad()
+// before it) and synchronize() then leaves each parameter's gradient as the mean of those
+// over the ranks (with gradient_owners: on its owner; the other ranks' .grad() of it is
+// undefined). A parameter that got no gradient counts as zeros. The parameters must keep
+// the shape, dtype and device they had when the reducer was made (synchronize() and
+// zero_grad() throw InvalidArgument naming one that changed, e.g. by Module::to); the
+// reducer reduces the tensors it was given, so a model that registers new parameters
+// needs a new reducer. A parameter whose gradient arrives again after its bucket was sent
+// (used in two backward calls of one step, as reentrant checkpointing of a shared
+// parameter does), or a backward with create_graph=true (the buckets are data, they keep
+// no graph), makes synchronize() throw InvalidArgument on every rank, naming the parameter
+// and the rank it happened on, rather than average a partial gradient: each
+// synchronize() ends with a small all-reduce that lets every rank know. The gradients
+// are then meaningless until zero_grad().
 // A failed collective is rethrown by synchronize() (dist::CollectiveError); the group
 // is then out of step for good, as any failed group.
+//
+// Thread safety: one thread calls the methods, never while a backward over the
+// parameters runs (on whatever thread); the hooks run on the backward's threads.
 
 #include <stowage/dist/process_group.h>
 
@@ -40,33 +69,51 @@ struct GradientReducerOptions {
   // The size a bucket grows to (it holds one parameter at least), as DDP's bucket_cap_mb.
   TORCH_ARG(double, bucket_cap_mb) = 25;
   // Reduce each bucket as soon as its gradients are in, during backward; false: every
-  // bucket in synchronize(), after backward (to measure what the overlap gains).
+  // bucket in synchronize(), after backward (to measure what the overlap gains). Either
+  // way the gradients are those backward accumulated, as the hooks saw them: a .grad() set
+  // by hand, outside a backward, counts as no gradient (zeros).
   TORCH_ARG(bool, overlap) = true;
+  // Empty: every rank gets every averaged gradient (an all-reduce per bucket). Otherwise
+  // the rank that owns each parameter, by parameter: only the owner gets its averaged
+  // gradient (a reduce per bucket; ZeRO stage 2), as ZeroRedundancyOptimizer::owners() gives.
+  TORCH_ARG(std::vector<int64_t>, gradient_owners) = {};
+  // True: each gradient is a view of its bucket (see above). False: the buckets are a
+  // second copy of the gradients, copied in when each arrives and back after the
+  // reduction (DDP's gradient_as_bucket_view=False, PyTorch's default; stowage's before
+  // the views), for comparison.
+  TORCH_ARG(bool, gradient_as_bucket_view) = true;
 };
 
 class GradientReducer {
  public:
   // `params`: the same list, in the same order, on every rank; one dtype on one device.
   // Throws InvalidArgument naming a parameter that is not a leaf requiring grad, or of
-  // another dtype or device than the first.
+  // another dtype or device than the first, or an owner that is not a rank of `group`.
+  // A gradient a parameter already has is kept (copied into its bucket, with views).
   GradientReducer(std::vector<at::Tensor> params, const ProcessGroup& group, GradientReducerOptions options = {});
   // Removes the hooks and stops the communication thread, after the bucket in flight.
+  // The gradients stay (views of the buckets, which they keep alive).
   ~GradientReducer();
 
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
 
+  // Before each backward: zeroes the gradients this rank keeps, in place.
+  void zero_grad();
+
   // After each backward, on every rank: sends what the hooks have not sent yet, waits for
-  // every bucket, and sets each parameter's gradient to its mean over the ranks.
+  // every bucket, and leaves each gradient this rank keeps as its mean over the ranks.
   void synchronize();
 
   // The parameters of each bucket (indices into `params`), in the order they are sent.
   std::vector<std::vector<size_t>> buckets() const;
+  // The bytes of the buckets this rank keeps from step to step: with
+  // gradient_as_bucket_view the storage of the gradients it keeps, without a second copy.
+  int64_t kept_bucket_bytes() const;
 
  private:
   struct State;
   std::shared_ptr<State> state_;
-  std::vector<unsigned> hook_handles_;
 };
 
 }  // namespace stowage::dist

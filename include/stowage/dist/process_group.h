@@ -103,6 +103,10 @@ class ProcessGroup {
   // checkpoint never touches the device's streams. Throw Error as above.
   // Sums `tensor` over the ranks.
   void all_reduce_sum(at::Tensor& tensor) const;
+  // Sums `tensor` over the ranks into root's; the other ranks' tensors are left undefined
+  // in content (c10d may use them as scratch). Throws InvalidArgument for a root that is
+  // not a rank of the group.
+  void reduce_sum(at::Tensor& tensor, int64_t root) const;
   // root's `tensor` into every rank's, which must have its dtype and size.
   void broadcast(at::Tensor& tensor, int64_t root) const;
   // The c10d backend the tensor collectives use for tensors on `device`: "gloo", "nccl" or

@@ -32,7 +32,6 @@
 
 #include <cstdint>
 #include <exception>
-#include <functional>
 #include <memory>
 
 namespace stowage::memory {
@@ -62,16 +61,29 @@ struct CopyStats {
   int64_t d2h_bytes = 0;
 };
 
-// Test seam, in the manner of LevelDB's fault-injecting Env: called for every copy just
-// before it runs (on a CPU lane, on the lane's worker; on a stream lane, when enqueued),
-// with its lane and its number on that lane (0 for the lane's first copy). Throwing from
-// it fails that copy as a failed transfer would; it may write to `dst` first, to leave a
-// partly written destination behind.
-using CopyFaultInjector = std::function<void(CopyLane lane, int64_t copy_number, const at::Tensor& dst)>;
+// The one call that moves a copy's bytes, behind a seam (the role dcp::Env plays for
+// files): the engine runs every copy through its CopyEnv, on a CPU lane on the lane's
+// worker, on a stream lane when it is enqueued with the lane's stream current. A test
+// derives from CopyEnv to fail the k-th copy of a lane (tests/memory/copy_engine_test.cpp).
+//
+// Failure semantics: a copy() that throws fails that copy as a failed transfer would (the
+// engine's failure rules above); it may have written part of `dst` first. An env may be
+// called from both lanes at once and must outlive the engines that use it.
+class CopyEnv {
+ public:
+  virtual ~CopyEnv() = default;
+
+  // dst.copy_(src), asynchronous where the device allows it; never destroyed.
+  static CopyEnv* standard();
+
+  // `copy_number` counts the copies enqueued on `lane` since the engine was made, from 0.
+  virtual void copy(CopyLane lane, int64_t copy_number, const at::Tensor& dst, const at::Tensor& src);
+};
 
 class CopyEngine {
  public:
-  explicit CopyEngine(c10::Device device);
+  // REQUIRES: `env` outlives the engine.
+  explicit CopyEngine(c10::Device device, CopyEnv* env = CopyEnv::standard());
   // Waits for every enqueued copy; a failure nobody observed is dropped.
   ~CopyEngine();
   CopyEngine(const CopyEngine&) = delete;
@@ -107,10 +119,6 @@ class CopyEngine {
   // Copies enqueued since construction, per direction.
   CopyStats stats() const;
 
-  // Installs (or, with an empty function, removes) a fault injector for the copies
-  // enqueued from now on. Not for concurrent use with copy().
-  void set_fault_injector(CopyFaultInjector injector);
-
  private:
   class Lane;
   class ThreadLane;
@@ -120,7 +128,6 @@ class CopyEngine {
   c10::Device device_;
   std::unique_ptr<Lane> h2d_;
   std::unique_ptr<Lane> d2h_;
-  std::shared_ptr<const CopyFaultInjector> fault_injector_;
 };
 
 }  // namespace stowage::memory

@@ -14,6 +14,13 @@
 
 namespace stowage::memory {
 
+// What a host buffer holds, for host_buffer_stats()' breakdown.
+enum class HostBufferUse {
+  kOther,
+  kCheckpoint,  // checkpoint staging: snapshots of the state to save, copies ahead of a load
+  kOptimizer,   // optimizer states swapped out of the device, and the disk tier's buffers
+};
+
 struct HostAllocOptions {
   // Page-locked for devices of type pin_for, where that device's runtime can pin (see
   // can_pin_memory).
@@ -23,6 +30,7 @@ struct HostAllocOptions {
   // cannot share it: share_memory then wins.
   bool share_memory = false;
   c10::DeviceType pin_for = c10::DeviceType::CUDA;
+  HostBufferUse use = HostBufferUse::kOther;
 };
 
 // True when this build and machine can page-lock host memory for devices of `device_type`:
@@ -60,8 +68,10 @@ std::vector<at::Tensor> allocate_host_tensors(const std::vector<HostTensorSpec>&
 struct HostBufferStats {
   int64_t current_bytes = 0;
   int64_t peak_bytes = 0;
-  int64_t pinned_bytes = 0;  // of current_bytes, those page-locked
-  int64_t shared_bytes = 0;  // of current_bytes, those memfd-backed
+  int64_t pinned_bytes = 0;      // of current_bytes, those page-locked
+  int64_t shared_bytes = 0;      // of current_bytes, those memfd-backed
+  int64_t checkpoint_bytes = 0;  // of current_bytes, HostBufferUse::kCheckpoint's
+  int64_t optimizer_bytes = 0;   // of current_bytes, HostBufferUse::kOptimizer's
 };
 HostBufferStats host_buffer_stats();
 void reset_peak_host_buffer_stats();

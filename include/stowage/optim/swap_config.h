@@ -24,6 +24,12 @@ enum class SwapIoPath {
 };
 const char* io_path_name(SwapIoPath path);
 
+// The seam through which the swap makes its copies, its disk tier's file calls and its
+// updates (src/optim/swap_env.h, docs/swap.md). TORCH_ARG spells its accessors `const T&`,
+// which for a spelled-out `SwapEnv*` would mean a pointer to a const SwapEnv.
+class SwapEnv;
+using SwapEnvPointer = SwapEnv*;
+
 struct SwapOptimizerConfig {
   // Number of batches the parameters are split into; at most two batches' states are on
   // the device at any time during step().
@@ -54,6 +60,9 @@ struct SwapOptimizerConfig {
   TORCH_ARG(int64_t, host_budget_bytes) = 0;
   // Disk tier: the I/O path.
   TORCH_ARG(SwapIoPath, io_path) = SwapIoPath::kAuto;
+  // For tests: the SwapEnv to fail calls through; it must outlive the optimizer. Null: the
+  // real calls.
+  TORCH_ARG(SwapEnvPointer, env) = nullptr;
 
  public:
   // Throws stowage::InvalidArgument naming the offending option.

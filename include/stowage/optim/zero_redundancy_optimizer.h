@@ -12,6 +12,14 @@
 //       group);
 //   ... loss.backward(); (average the gradients over the ranks) zero->step();
 //
+// ZeRO stage 2 shards the gradients the same way: a dist::GradientReducer given
+// owners() reduces each gradient to its owner alone, so that a rank keeps only the
+// gradients of its own share (and zeroes them with the reducer's zero_grad()):
+//
+//   dist::GradientReducer reducer(params, group,
+//                                 dist::GradientReducerOptions().gradient_owners(zero->owners()));
+//   reducer.zero_grad(); loss.backward(); reducer.synchronize(); zero->step();
+//
 // The owned share's states can be swapped to host memory between steps as well
 // (ZeroRedundancyOptimizerOptions::swap: a SwapOptimizer over the share's optimizer).
 //
@@ -75,15 +83,18 @@ class ZeroRedundancyOptimizer final : public Stateful {
                           std::optional<dist::ProcessGroup> group, ZeroRedundancyOptimizerOptions options = {});
 
   // Updates the owned share from its gradients, then broadcasts every rank's share
-  // (collective). Every rank's gradients must be the same (averaged) for the model
-  // replicas to stay equal.
+  // (collective). Only the owned share's gradients are read: they must be the ranks'
+  // average (a GradientReducer's, with or without owners) for the replicas to stay equal.
   void step();
   // Resets the gradients of every parameter (not only the owned ones), as PyTorch's.
+  // With a dist::GradientReducer, use its zero_grad(), which keeps its gradients' storage.
   void zero_grad();
 
   // The share of each rank, by rank.
   const std::vector<ParamRange>& shares() const { return shares_; }
   ParamRange owned() const { return shares_[static_cast<size_t>(rank_)]; }
+  // The rank that owns each parameter, by parameter.
+  std::vector<int64_t> owners() const;
   // The owned share's optimizer (its param group's options, e.g. to change lr).
   torch::optim::Optimizer& local_optimizer() { return *local_; }
   // The swap over the owned share, or nullptr without ZeroRedundancyOptimizerOptions::swap.

@@ -18,7 +18,12 @@ int main() {
 #endif
   stowage::StateDict staged = stowage::create_cpu_state_dict(sd);
   stowage::copy_state_dict(sd, staged);
-  const bool ok = staged.at("w").toTensor().equal(sd.at("w").toTensor().cpu());
+  bool ok = staged.at("w").toTensor().equal(sd.at("w").toTensor().cpu());
+  try {  // stowage::interop's, linked from the installed package
+    stowage::dcp::open_checkpoint("/nonexistent/stowage-consumer-checkpoint");
+    ok = false;
+  } catch (const stowage::NotFound&) {
+  }
   std::cout << "stowage " << STOWAGE_VERSION << " on " << sd.at("w").toTensor().device() << (ok ? " ok" : " mismatch")
             << "\n";
   return ok ? 0 : 1;

@@ -1,0 +1,48 @@
+#pragma once
+
+// The options of `stowage train`: one struct for the command and for the benchmarks that
+// run it (`stowage bench train`, `capacity`, `grad-sync --zero`), so that each field is
+// declared once and a benchmark's defaults are the command's own.
+
+#include "train_data.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace stowage::cli {
+
+struct TrainOptions {
+  std::string corpus = kDefaultCorpusDir;
+  std::string run_dir = "runs/default";
+  int64_t steps = 200;
+  int64_t batch = 16;
+  int64_t seq_len = 64;
+  int64_t layers = 4;
+  int64_t width = 128;
+  int64_t heads = 4;
+  double lr = 3e-3;
+  uint64_t seed = 0;
+  int threads = 2;
+  int64_t recompute_segments = 2;          // 0: no activation checkpointing
+  std::string selective_recompute;         // "attention-core" or "mlp": checkpoint only that part of each block
+  bool offload_checkpoint_inputs = false;  // keep the checkpoints' inputs in host memory until backward
+  int64_t swap_times = 4;                  // 0: plain AdamW, no optimizer-state swap
+  std::string swap_to = "host";            // where swapped states live: "host" or "disk:DIR"
+  std::string swap_host_budget;            // disk tier: host memory for its buffers ("256MiB"); empty: no bound
+  int64_t ckpt_every = 50;                 // 0: no checkpoints
+  int64_t keep = 3;
+  bool resume = false;
+  std::string resume_from;  // another checkpoint to start from (stowage's or PyTorch DCP's)
+  int64_t log_every = 25;
+  int nproc = 1;
+  int64_t zero_stage = 2;                    // 1: optimizer state sharded; 2: gradients too
+  bool gradient_as_bucket_view = true;       // false: the reducer's buckets are a second copy of the gradients
+  std::string device = "cpu";                // "cuda": each rank's cuda:LOCAL_RANK
+  std::string on_save_failure = "continue";  // or "stop"
+  int64_t max_save_failures = 3;             // in a row, with "continue"; 0: no limit
+  std::vector<std::string> preempt_signals{"TERM"};
+  std::string preempt_grace = "0s";  // 0: no deadline
+};
+
+}  // namespace stowage::cli
