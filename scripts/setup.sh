@@ -11,7 +11,7 @@ packages=(
   e2fsprogs  # mkfs.ext4 for the EIO tests (tests/reliability/io_error_test.cpp)
   python3 python3-venv  # the torch wheel's environment (scripts/python_env.sh)
   clang-format-14  # scripts/format.sh
-  clang-tidy-14  # scripts/tidy.sh
+  clang-tidy-14  # scripts/tidy.sh (it brings clang-14, whose preprocessor keys tidy's cache)
   liburing-dev  # the swap optimizer's disk tier (src/optim/swap_file_io.cpp)
   python3-matplotlib  # the benchmark report's charts (bench/report/plot_report.py)
   chromium  # the benchmark report's browser test (tests/cli/report_test.cpp)

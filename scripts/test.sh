@@ -11,17 +11,24 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 # Each LibTorch has its own build folder (scripts/libtorch.sh); one given folder can't serve both.
 unset STOWAGE_BUILD_DIR
 libtorchs=(debian wheel)
+# Each step's wall time, so that a slow run (CI's limit is 90 minutes) shows where it went.
+timed() {
+  local step=$1 start=$SECONDS
+  shift
+  "$@"
+  echo "test: $step took $((SECONDS - start)) s"
+}
 if [ -n "${STOWAGE_LIBTORCH:-}" ]; then libtorchs=("$STOWAGE_LIBTORCH"); fi
 
 for libtorch in "${libtorchs[@]}"; do
   echo "test: LibTorch '$libtorch'"
-  STOWAGE_LIBTORCH=$libtorch bash "$root/scripts/build.sh"
+  STOWAGE_LIBTORCH=$libtorch timed "$libtorch build" bash "$root/scripts/build.sh"
   build=$(STOWAGE_LIBTORCH=$libtorch; source "$root/scripts/libtorch.sh"; echo "$libtorch_build")
-  (cd "$build" && ctest --output-on-failure --parallel "${STOWAGE_JOBS:-2}" "$@")
+  timed "$libtorch ctest" ctest --test-dir "$build" --output-on-failure --parallel "${STOWAGE_JOBS:-2}" "$@"
 done
 if [ $# -eq 0 ] && [ "${STOWAGE_TEST_EXTRA:-1}" != 0 ] && [[ " ${libtorchs[*]} " == *" debian "* ]]; then
-  bash "$root/scripts/format.sh" --check
-  bash "$root/scripts/tidy.sh"
-  bash "$root/scripts/sanitize.sh" dcp interop reliability activation optim
-  bash "$root/scripts/fuzz.sh" 30
+  timed format bash "$root/scripts/format.sh" --check
+  timed tidy bash "$root/scripts/tidy.sh"
+  timed sanitize bash "$root/scripts/sanitize.sh" dcp interop reliability activation optim
+  timed fuzz bash "$root/scripts/fuzz.sh" 30
 fi

@@ -92,29 +92,13 @@ else:
     # The longest batches first, so that no long one starts last.
     out.sort(key=lambda entry: entry.pop("sources", 1), reverse=True)
 json.dump(out, open(os.path.join(db, "compile_commands.json"), "w"), indent=1)
-open(os.path.join(db, "files"), "w").write("".join(e["file"] + "\n" for e in out))
 EOF
 
-count=$(wc -l <"$db/files")
-echo "tidy: clang-tidy-14 on $count translation units, ${STOWAGE_JOBS:-2} at a time"
-# Findings in the project's own files only: not LibTorch's, nor other third-party headers.
-# clang-tidy's count of the warnings it hid (LibTorch's) is dropped, and a batch's lines
-# are given as its sources' (the line map is absent when files were named).
-if ! tr '\n' '\0' <"$db/files" | xargs -0 -n 1 -P "${STOWAGE_JOBS:-2}" clang-tidy-14 -p "$db" --quiet \
-  --header-filter="^$root/(include|src|tools|tests|bench|examples|fuzz)/" \
-  2> >(grep -v '^[0-9]* warnings\? generated\.$' >&2) | python3 -u -c '
-import bisect, json, os, re, sys
-path = sys.argv[1]
-line_map = json.load(open(path)) if os.path.exists(path) else {}
-def source_line(match):
-    starts = line_map[match.group(1)]
-    i = bisect.bisect_right([start for start, _ in starts], int(match.group(2))) - 1
-    return "{}:{}:".format(starts[i][1], int(match.group(2)) - starts[i][0] + 1)
-pattern = re.compile("(" + "|".join(map(re.escape, line_map)) + r"):(\d+):") if line_map else None
-for line in sys.stdin:
-    sys.stdout.write(pattern.sub(source_line, line) if pattern else line)
-' "$db/line_map.json"; then
+# Findings in the project's own files only, at their sources' lines (scripts/tidy_run.py).
+# Units found clean are remembered beside ccache's cache, so that a clone (CI's) checks
+# again only the units whose preprocessed text changed.
+if ! python3 scripts/tidy_run.py "$root" "$db" "${STOWAGE_JOBS:-2}" \
+  "${STOWAGE_CACHE_DIR:-$HOME/.cache/stowage}/tidy"; then
   echo "tidy: findings above (.clang-tidy holds the checks)" >&2
   exit 1
 fi
-echo "tidy: $count translation units clean"
