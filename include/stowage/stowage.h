@@ -2,6 +2,7 @@
 
 // The umbrella header: everything stowage offers.
 
+#include <stowage/activation/budget.h>
 #include <stowage/activation/checkpoint.h>
 #include <stowage/activation/policy.h>
 #include <stowage/activation/sequential.h>

@@ -125,4 +125,23 @@ std::vector<std::string> apply_activation_checkpointing(torch::nn::Module& root,
   return names;
 }
 
+int clear_activation_checkpointing(torch::nn::Module& root) {
+  int undone = 0;
+  for (const auto& module : root.modules(/*include_self=*/true)) {
+    if (auto* site = dynamic_cast<CheckpointSiteImpl*>(module.get()); site != nullptr && site->enabled()) {
+      site->disable();
+      ++undone;
+    } else if (auto* sequential = dynamic_cast<torch::nn::SequentialImpl*>(module.get())) {
+      for (torch::nn::AnyModule& entry : *sequential) {
+        if (const auto* wrapper = dynamic_cast<const CheckpointWrapperImpl*>(entry.ptr().get())) {
+          torch::nn::AnyModule unwrapped = wrapper->wrapped_entry();  // before the wrapper goes
+          entry = std::move(unwrapped);
+          ++undone;
+        }
+      }
+    }
+  }
+  return undone;
+}
+
 }  // namespace stowage::activation

@@ -74,6 +74,7 @@ class CheckpointWrapperImpl : public torch::nn::Module {
   CheckpointWrapperImpl(torch::nn::AnyModule wrapped, CheckpointOptions options);
   at::Tensor forward(const at::Tensor& input);
   std::shared_ptr<torch::nn::Module> wrapped() const { return wrapped_.ptr(); }
+  const torch::nn::AnyModule& wrapped_entry() const { return wrapped_; }
   const CheckpointOptions& options() const { return options_; }
 
  private:
@@ -104,5 +105,10 @@ ModuleSelector module_name(const std::string& pattern);
 // nothing has changed.
 std::vector<std::string> apply_activation_checkpointing(torch::nn::Module& root, const ModuleSelector& select,
                                                         const CheckpointOptions& options = {});
+
+// Undoes apply_activation_checkpointing over the whole tree of `root` (root included):
+// every CheckpointWrapper entry of a Sequential is replaced by the module it wraps, and
+// every CheckpointSite disabled. Returns how many were undone.
+int clear_activation_checkpointing(torch::nn::Module& root);
 
 }  // namespace stowage::activation
