@@ -154,6 +154,37 @@ TEST(Train, SelectiveRecomputeTrainsBitIdenticallyToNoRecompute) {
   expect_same_checkpoint(step_dir(plain, 4), step_dir(mlp, 4));
 }
 
+// The activation peak of each step the run's metrics.jsonl logged.
+std::vector<int64_t> activation_peaks(const RunDir& dir) {
+  std::ifstream file(dir.path / "metrics.jsonl");
+  std::vector<int64_t> peaks;
+  for (std::string line; std::getline(file, line);) {
+    const json record = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (record.is_object() && record.value("event", "") == "step") {
+      peaks.push_back(record["peak_activation_bytes"].get<int64_t>());
+    }
+  }
+  return peaks;
+}
+
+// A budget below training without checkpointing: every step's activation peak within it,
+// and the weights those without checkpointing reach, bit for bit.
+TEST(Train, AnActivationBudgetHoldsAtEveryStepAndTrainsBitIdentically) {
+  RunDir plain, budgeted;
+  const std::string common = "--steps 4 --ckpt-every 4 --swap-times 0 --recompute-segments 0";
+  ASSERT_EQ(train(plain, common).status, 0);
+  const std::vector<int64_t> unplanned = activation_peaks(plain);
+  ASSERT_EQ(unplanned.size(), 4U);
+  const int64_t budget = *std::min_element(unplanned.begin(), unplanned.end()) * 3 / 4;
+  const auto result = train(budgeted, common + " --activation-budget " + std::to_string(budget));
+  ASSERT_EQ(result.status, 0) << result.output;
+  EXPECT_THAT(result.output, ::testing::HasSubstr("for a budget of"));
+  const std::vector<int64_t> peaks = activation_peaks(budgeted);
+  ASSERT_EQ(peaks.size(), 4U);
+  for (const int64_t peak : peaks) EXPECT_LE(peak, budget);
+  expect_same_checkpoint(step_dir(plain, 4), step_dir(budgeted, 4));
+}
+
 // Bad options are found before anything is created: the run directory stays absent.
 TEST(Train, BadInputsLeaveNoRunDirectoryBehind) {
   for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
@@ -161,7 +192,10 @@ TEST(Train, BadInputsLeaveNoRunDirectoryBehind) {
            {"--recompute-segments 3", "--recompute-segments 3"},  // kSmall has 2 blocks: 3 segments are too many
            {"--recompute-segments 1 --selective-recompute mlp",
             "pass --recompute-segments 0 with --selective-recompute"},
-           {"--recompute-segments 0 --offload-checkpoint-inputs", "but none are made"}}) {
+           {"--recompute-segments 0 --offload-checkpoint-inputs", "but none are made"},
+           {"--activation-budget 64MiB", "and --recompute-segments chooses it too"},
+           {"--recompute-segments 0 --activation-budget 1KiB", "is below the smallest activation peak any plan"},
+           {"--recompute-segments 0 --activation-budget 0", "--activation-budget"}}) {
     SCOPED_TRACE(args);
     RunDir dir;
     const auto result = train(dir, "--steps 2 " + args);

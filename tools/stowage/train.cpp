@@ -155,7 +155,7 @@ class Trainer {
     // The options are checked (the corpus read, the model built) before anything is
     // created in the run directory, so that a bad one leaves nothing behind.
     const Corpus corpus = Corpus::load(options_.corpus, options_.seq_len + 2);
-    build();
+    build(corpus);
     fs::create_directories(options_.run_dir);
     // Rank 0 reports for the run; the other ranks only train.
     std::optional<Progress> progress;
@@ -231,7 +231,7 @@ class Trainer {
     throw CLI::RuntimeError(kPreemptedStatus);
   }
 
-  void build() {
+  void build(const Corpus& corpus) {
     torch::manual_seed(options_.seed);
     LanguageModelOptions model_options;
     model_options.context = options_.seq_len;
@@ -252,6 +252,18 @@ class Trainer {
           "--offload-checkpoint-inputs offloads the inputs of activation checkpoints, but none are made: pass "
           "--recompute-segments N or --selective-recompute with it");
     }
+    if (!options_.activation_budget.empty()) {
+      const std::string chosen = options_.recompute_segments > 0         ? "--recompute-segments"
+                                 : !options_.selective_recompute.empty() ? "--selective-recompute"
+                                 : options_.offload_checkpoint_inputs    ? "--offload-checkpoint-inputs"
+                                                                         : "";
+      if (!chosen.empty()) {
+        throw InvalidArgument(fmt::format(
+            "--activation-budget {} picks what to recompute and offload itself, and {} chooses it too; pass "
+            "--recompute-segments 0 and no other activation checkpointing with --activation-budget",
+            options_.activation_budget, chosen));
+      }
+    }
     if (!options_.selective_recompute.empty()) {
       if (options_.recompute_segments > 0) {
         throw InvalidArgument(fmt::format(
@@ -264,6 +276,7 @@ class Trainer {
           *model_, activation::module_name(R"(blocks\.\d+\.)" + site),
           activation::CheckpointOptions().offload_inputs(options_.offload_checkpoint_inputs));
     }
+    if (!options_.activation_budget.empty()) fit_activation_budget(corpus);
     baseline_bytes_ = memory::memory_allocated(device_);
     // Each rank's optimizer steps its own share of the parameters: all of them on one rank.
     const std::vector<torch::Tensor> params = model_->parameters();
@@ -286,8 +299,43 @@ class Trainer {
     training_progress_ = c10::make_intrusive<TrainingProgress>(data_generator_);
   }
 
-  // "2 segments", "selective (mlp)" or "off".
+  // Picks which blocks to checkpoint for --activation-budget, from forward and backward
+  // passes on a batch of this rank's size drawn apart from the training data (whose stream
+  // stays as without a budget). Before the gradient reducer exists: its hooks would make
+  // collectives of passes whose number each rank decides alone.
+  void fit_activation_budget(const Corpus& corpus) {
+    const int64_t budget = *parse_byte_size(options_.activation_budget);  // the option's validator parsed it
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(options_.seed + 2);
+    auto [tokens, targets] = corpus.sample(options_.batch / world_.size, options_.seq_len, generator);
+    tokens = tokens.to(device_);
+    targets = targets.to(device_);
+    torch::Tensor block_input;
+    {
+      torch::NoGradGuard no_grad;
+      model_->forward(tokens, [&](torch::nn::Sequential& blocks, const torch::Tensor& x) {
+        block_input = x;
+        return blocks->forward(x);
+      });
+    }
+    // As train_step() measures it, at its first step: the gradients are made in backward.
+    const auto step_peak = [&] {
+      for (auto& p : model_->parameters()) p.mutable_grad().reset();
+      memory::reset_peak_memory_stats(device_);
+      const int64_t before = memory::memory_allocated(device_);
+      auto logits = model_->forward(tokens);
+      torch::cross_entropy_loss(logits.view({-1, vocab_}), targets.reshape({-1})).backward();
+      return memory::max_memory_allocated(device_) - before;
+    };
+    const activation::FittedPlan fitted =
+        activation::fit_activation_budget(model_->blocks(), block_input, budget, step_peak);
+    for (auto& p : model_->parameters()) p.mutable_grad().reset();
+    budget_plan_ = fmt::format("{} for a budget of {} (a step measured {})", fitted.plan.describe(),
+                               format_bytes(budget), format_bytes(fitted.measured_peak_bytes));
+  }
+
+  // "2 segments", "selective (mlp)", the budget's plan or "off".
   std::string activation_checkpointing() const {
+    if (!budget_plan_.empty()) return budget_plan_;
     const char* offload = options_.offload_checkpoint_inputs ? ", inputs offloaded" : "";
     if (options_.recompute_segments > 0) return fmt::format("{} segments{}", options_.recompute_segments, offload);
     if (!options_.selective_recompute.empty()) {
@@ -512,6 +560,7 @@ class Trainer {
   int64_t resident_bytes_ = 0;  // optimizer state on the device between steps
   int64_t gradient_bytes_ = 0;  // gradients on the device between steps
   int64_t peak_activation_bytes_ = 0;
+  std::string budget_plan_;      // with --activation-budget: what was picked
   int64_t peak_step_bytes_ = 0;  // the most device memory a step held beyond the parameters
   std::optional<dcp::CheckpointManager> checkpoints_;
   std::optional<std::pair<int64_t, std::string>> last_save_error_;  // the last save's step and error, if it failed
@@ -564,6 +613,11 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--offload-checkpoint-inputs", options->offload_checkpoint_inputs,
                 "activation checkpointing: keep the inputs of the checkpoints in pinned host memory until backward "
                 "(on a device; nothing on the CPU)");
+  cmd->add_option("--activation-budget", options->activation_budget,
+                  "activation checkpointing picked for a budget: which blocks run plainly, with their attention "
+                  "core and MLP recomputed, recomputed whole, or with their inputs offloaded, so that a step's "
+                  "activation peak fits SIZE (e.g. 24MiB) with the least recomputation; with --recompute-segments 0")
+      ->check(byte_size());
   cmd->add_option("--swap-times", options->swap_times,
                   "optimizer-state swap batches (0: plain AdamW with its state resident)")
       ->check(non_negative_integer<int64_t>())

@@ -27,6 +27,7 @@ struct TrainOptions {
   int64_t recompute_segments = 2;          // 0: no activation checkpointing
   std::string selective_recompute;         // "attention-core" or "mlp": checkpoint only that part of each block
   bool offload_checkpoint_inputs = false;  // keep the checkpoints' inputs in host memory until backward
+  std::string activation_budget;           // a step's activation peak ("24MiB"): the plan is picked for it
   int64_t swap_times = 4;                  // 0: plain AdamW, no optimizer-state swap
   std::string swap_to = "host";            // where swapped states live: "host" or "disk:DIR"
   std::string swap_host_budget;            // disk tier: host memory for its buffers ("256MiB"); empty: no bound
