@@ -1,0 +1,282 @@
+#include "bench_activation_train.h"
+
+#include "child_process.h"
+#include "commands.h"
+
+#include <bench_util.h>
+#include <emit.h>
+
+#include <stowage/error.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <regex>
+#include <utility>
+
+namespace stowage::cli {
+namespace {
+
+constexpr int64_t kActivationWarmupSteps = 2;
+
+struct CheckpointingMode {
+  std::string name;
+  std::vector<std::string> args;  // what the mode adds to `stowage train`
+  int64_t budget_bytes = 0;
+};
+
+std::vector<CheckpointingMode> checkpointing_modes(const TrainOptions& train) {
+  const auto layers = train.layers;
+  const auto root = std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(layers))));
+  std::vector<CheckpointingMode> modes = {
+      {"none", {"--recompute-segments", "0"}},
+      {fmt::format("whole, {} segments (sqrt n)", root), {"--recompute-segments", std::to_string(root)}},
+      {fmt::format("whole, {} segments", layers), {"--recompute-segments", std::to_string(layers)}},
+      {"attention core", {"--recompute-segments", "0", "--selective-recompute", "attention-core"}},
+      {"mlp", {"--recompute-segments", "0", "--selective-recompute", "mlp"}}};
+  if (train.device != "cpu") {  // offload does nothing on the CPU
+    modes.push_back({fmt::format("whole, {} segments, inputs offloaded", layers),
+                     {"--recompute-segments", std::to_string(layers), "--offload-checkpoint-inputs"}});
+  }
+  return modes;
+}
+
+// A budget `share` of the way from `least` (the least peak of the fixed modes) to
+// `unplanned` (none's), so that each of the three is one some plan can meet.
+CheckpointingMode budget_checkpointing_mode(double share, int64_t least, int64_t unplanned) {
+  const auto budget = least + static_cast<int64_t>(share * static_cast<double>(unplanned - least));
+  return {fmt::format("budget {:.1f} MiB", static_cast<double>(budget) / (1 << 20)),
+          {"--recompute-segments", "0", "--activation-budget", std::to_string(budget)},
+          budget};
+}
+
+// One `stowage train` run of `mode` at `seq_len`.
+ActivationTrainBenchRow run_checkpointing_mode(const ActivationTrainBenchOptions& o, const CheckpointingMode& mode,
+                                               int64_t seq_len, const bench::Scratch& scratch) {
+  const std::string run_dir = scratch.sub("run");
+  std::filesystem::remove_all(run_dir);
+  std::vector<std::string> args = {executable_path(), "train",
+                                   "--run-dir",       run_dir,
+                                   "--device",        o.train.device,
+                                   "--steps",         std::to_string(o.train.steps),
+                                   "--batch",         std::to_string(o.train.batch),
+                                   "--seq-len",       std::to_string(seq_len),
+                                   "--layers",        std::to_string(o.train.layers),
+                                   "--width",         std::to_string(o.train.width),
+                                   "--heads",         std::to_string(o.train.heads),
+                                   "--threads",       std::to_string(o.train.threads),
+                                   "--swap-times",    "0",
+                                   "--ckpt-every",    "0",
+                                   "--log-every",     "1000000"};
+  args.insert(args.end(), mode.args.begin(), mode.args.end());
+  const std::string output = run_child_or_throw(
+      args, scratch.sub("run.log"),
+      fmt::format("bench activation --train-model: `stowage train` ({}, seq {})", mode.name, seq_len));
+  ActivationTrainBenchRow row;
+  row.seq_len = seq_len;
+  row.mode = mode.name;
+  row.budget_bytes = mode.budget_bytes;
+  std::smatch plan;
+  if (std::regex_search(output, plan, std::regex("activation checkpointing: (.*) for a budget of"))) row.plan = plan[1];
+  std::vector<double> step_s;
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!record.is_object() || record.value("event", "") != "step") continue;
+    row.peak_activation_bytes = std::max(row.peak_activation_bytes, record.at("peak_activation_bytes").get<int64_t>());
+    if (record.at("step").get<int64_t>() > kActivationWarmupSteps) step_s.push_back(record.at("step_s"));
+  }
+  std::filesystem::remove_all(run_dir);
+  if (step_s.empty()) {
+    throw Error(fmt::format("bench activation --train-model: `stowage train` ({}) logged no step after the first {}",
+                            mode.name, kActivationWarmupSteps));
+  }
+  row.step_s = bench::median(step_s);
+  return row;
+}
+
+// Every mode at one sequence length: the fixed ones first (the budgets lie between their
+// peaks), then the budgets, then each further round in an order that rotates; times are
+// the median over the rounds.
+std::vector<ActivationTrainBenchRow> run_modes_at(const ActivationTrainBenchOptions& o, int64_t seq_len,
+                                                  const bench::Scratch& scratch) {
+  std::vector<CheckpointingMode> modes = checkpointing_modes(o.train);
+  std::vector<std::vector<ActivationTrainBenchRow>> runs;
+  int64_t least = std::numeric_limits<int64_t>::max();
+  for (const CheckpointingMode& mode : modes) {
+    runs.push_back({run_checkpointing_mode(o, mode, seq_len, scratch)});
+    least = std::min(least, runs.back().front().peak_activation_bytes);
+  }
+  const int64_t unplanned = runs.front().front().peak_activation_bytes;
+  for (const double share : o.budget_shares) {
+    modes.push_back(budget_checkpointing_mode(share, least, unplanned));
+    runs.push_back({run_checkpointing_mode(o, modes.back(), seq_len, scratch)});
+  }
+  for (int round = 1; round < o.rounds; ++round) {
+    for (size_t k = 0; k < modes.size(); ++k) {
+      const size_t m = (k + static_cast<size_t>(round)) % modes.size();
+      runs[m].push_back(run_checkpointing_mode(o, modes[m], seq_len, scratch));
+    }
+  }
+  std::vector<ActivationTrainBenchRow> rows;
+  for (const std::vector<ActivationTrainBenchRow>& mode_runs : runs) {
+    ActivationTrainBenchRow row = mode_runs.front();
+    std::vector<double> step_s;
+    for (const ActivationTrainBenchRow& run : mode_runs) {
+      step_s.push_back(run.step_s);
+      row.peak_activation_bytes = std::max(row.peak_activation_bytes, run.peak_activation_bytes);
+    }
+    row.step_s = bench::median(step_s);
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+double mebibytes(int64_t bytes) {
+  return static_cast<double>(bytes) / (1 << 20);
+}
+
+const ActivationTrainBenchRow* find_activation_row(const ActivationTrainBenchResult& r, int64_t seq_len,
+                                                   const std::string& prefix) {
+  for (const ActivationTrainBenchRow& row : r.rows) {
+    if (row.seq_len == seq_len && row.mode.rfind(prefix, 0) == 0) return &row;
+  }
+  return nullptr;
+}
+
+// The goals of issue 26 at one sequence length, each a verdict over the measured rows.
+struct ActivationGoals {
+  nlohmann::json json = nlohmann::json::array();
+  std::string text;
+};
+
+ActivationGoals activation_goals_at(const ActivationTrainBenchResult& r, int64_t seq_len) {
+  ActivationGoals goals;
+  const auto& none = *find_activation_row(r, seq_len, "none");
+  const auto overhead = [&none](const ActivationTrainBenchRow& row) { return row.step_s / none.step_s - 1; };
+  const auto add = [&](const std::string& goal, double value, double limit, const std::string& detail) {
+    goals.json.push_back(
+        {{"seq_len", seq_len}, {"goal", goal}, {"value", value}, {"limit", limit}, {"met", value <= limit}});
+    goals.text += fmt::format("  seq {}: {}: {:.2f} (limit {:.2f}) {}; {}\n", seq_len, goal, value, limit,
+                              bench::met_text(value <= limit), detail);
+  };
+  const ActivationTrainBenchRow* whole = find_activation_row(r, seq_len, "whole");
+  for (const char* selective : {"attention core", "mlp"}) {
+    const ActivationTrainBenchRow& row = *find_activation_row(r, seq_len, selective);
+    const double peak_share =
+        static_cast<double>(row.peak_activation_bytes) / static_cast<double>(none.peak_activation_bytes);
+    add(fmt::format("{}: peak / none's", selective), peak_share, 0.5, "");
+    // A whole-block overhead within the noise of two runs (a few percent) divides nothing.
+    const double whole_overhead = std::max(overhead(*whole), 0.02);
+    add(fmt::format("{}: recompute overhead / whole sqrt(n)'s", selective), overhead(row) / whole_overhead, 1.0 / 3,
+        fmt::format("{:+.0f}% against {:+.0f}%", 100 * overhead(row), 100 * overhead(*whole)));
+  }
+  if (const ActivationTrainBenchRow* offloaded =
+          find_activation_row(r, seq_len, fmt::format("whole, {} segments, inputs", r.options.train.layers))) {
+    const ActivationTrainBenchRow& kept =
+        *find_activation_row(r, seq_len, fmt::format("whole, {} segments", r.options.train.layers));
+    add("offload: peak / without",
+        static_cast<double>(offloaded->peak_activation_bytes) / static_cast<double>(kept.peak_activation_bytes),
+        1.0 / 3,
+        fmt::format("{:.1f} MiB against {:.1f} MiB", mebibytes(offloaded->peak_activation_bytes),
+                    mebibytes(kept.peak_activation_bytes)));
+  }
+  for (const ActivationTrainBenchRow& row : r.rows) {
+    if (row.seq_len != seq_len || row.budget_bytes == 0) continue;
+    add(fmt::format("{}: peak / budget", row.mode),
+        static_cast<double>(row.peak_activation_bytes) / static_cast<double>(row.budget_bytes), 1.0,
+        fmt::format("{} picked, {:+.0f}% step time", row.plan, 100 * overhead(row)));
+  }
+  return goals;
+}
+
+bench::Table activation_rows_table(const ActivationTrainBenchResult& r) {
+  bench::Table table;
+  for (const ActivationTrainBenchRow& row : r.rows) {
+    const ActivationTrainBenchRow& none = *find_activation_row(r, row.seq_len, "none");
+    bench::Row line;
+    line.field("seq_len", row.seq_len, "{}", "seq")
+        .field("mode", row.mode)
+        .json("peak_activation_bytes", row.peak_activation_bytes)
+        .text("activation peak", fmt::format("{:.1f} MiB", mebibytes(row.peak_activation_bytes)))
+        .field("peak_vs_none",
+               static_cast<double>(row.peak_activation_bytes) / static_cast<double>(none.peak_activation_bytes),
+               "{:.2f}x", "vs none")
+        .field("step_s", row.step_s, "{:.4f}", "step s")
+        .field("step_overhead_vs_none", row.step_s / none.step_s - 1, "{:+.2f}", "overhead")
+        .json("budget_bytes", row.budget_bytes)
+        .field("plan", row.plan.empty() ? "-" : row.plan);
+    table.add(std::move(line));
+  }
+  return table;
+}
+
+}  // namespace
+
+TrainOptions ActivationTrainBenchOptions::default_run() {
+  TrainOptions run;
+  run.layers = 8;
+  run.width = 128;
+  run.batch = 8;
+  run.threads = 1;  // two threads on this machine's two cores make step times vary by 2x
+  run.steps = 6;
+  return run;
+}
+
+ActivationTrainBenchResult run_activation_train_bench(const ActivationTrainBenchOptions& o) {
+  if (o.train.steps <= kActivationWarmupSteps || o.rounds < 1 || o.seq_lens.empty()) {
+    throw InvalidArgument(fmt::format(
+        "bench activation --train-model: needs more than {} --train-steps, a round and a sequence length at least",
+        kActivationWarmupSteps));
+  }
+  for (const double share : o.budget_shares) {
+    if (!(share >= 0 && share <= 1)) {
+      throw InvalidArgument(
+          fmt::format("bench activation --train-model: a budget share of {} is not in [0, 1]", share));
+    }
+  }
+  const bench::Scratch scratch(bench::temp_directory(), "activation-train");
+  ActivationTrainBenchResult result;
+  result.options = o;
+  for (const int64_t seq_len : o.seq_lens) {
+    for (ActivationTrainBenchRow& row : run_modes_at(o, seq_len, scratch)) result.rows.push_back(std::move(row));
+  }
+  return result;
+}
+
+nlohmann::json to_json(const ActivationTrainBenchResult& r) {
+  nlohmann::json goals = nlohmann::json::array();
+  for (const int64_t seq_len : r.options.seq_lens) {
+    for (auto& goal : activation_goals_at(r, seq_len).json) goals.push_back(std::move(goal));
+  }
+  return {{"benchmark", "activation_train"},
+          {"device", r.options.train.device},
+          {"layers", r.options.train.layers},
+          {"width", r.options.train.width},
+          {"heads", r.options.train.heads},
+          {"batch", r.options.train.batch},
+          {"threads", r.options.train.threads},
+          {"steps", r.options.train.steps},
+          {"rounds", r.options.rounds},
+          {"rows", activation_rows_table(r).json()},
+          {"goals", goals}};
+}
+
+std::string to_text(const ActivationTrainBenchResult& r) {
+  std::string text = fmt::format(
+      "activation checkpointing of `stowage train --device {}` ({} blocks, width {}, {} heads, batch {}), {} "
+      "thread(s), median step of {} steps after {} of warm-up, {} round(s)\n",
+      r.options.train.device, r.options.train.layers, r.options.train.width, r.options.train.heads,
+      r.options.train.batch, r.options.train.threads, r.options.train.steps - kActivationWarmupSteps,
+      kActivationWarmupSteps, r.options.rounds);
+  text += activation_rows_table(r).text("  ");
+  for (const int64_t seq_len : r.options.seq_lens) text += activation_goals_at(r, seq_len).text;
+  return text;
+}
+
+}  // namespace stowage::cli
