@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <utility>
 
@@ -139,13 +140,15 @@ void apply_plan(torch::nn::Sequential& blocks, const std::vector<BlockPlan>& pla
     throw InvalidArgument(
         fmt::format("activation budget: a plan of {} blocks for a Sequential of {}", plan.size(), blocks->size()));
   }
-  // The Sequential's children are named by their index.
-  const auto selects = [&plan](BlockPlan wanted, bool sites) -> ModuleSelector {
-    return [&plan, wanted, sites](const std::string& name, const torch::nn::Module& module) {
+  // A Sequential's children are named by their index, or by the names it was given.
+  std::map<std::string, size_t> block_of;
+  for (const auto& child : blocks->named_children()) block_of.emplace(child.key(), block_of.size());
+  const auto selects = [&](BlockPlan wanted, bool sites) -> ModuleSelector {
+    return [&, wanted, sites](const std::string& name, const torch::nn::Module& module) {
       const size_t dot = name.find('.');
-      const size_t block = std::stoul(name.substr(0, dot));
       const bool is_site = dynamic_cast<const CheckpointSiteImpl*>(&module) != nullptr;
-      return plan[block] == wanted && (sites ? dot != std::string::npos && is_site : dot == std::string::npos);
+      return plan[block_of.at(name.substr(0, dot))] == wanted &&
+             (sites ? dot != std::string::npos && is_site : dot == std::string::npos);
     };
   };
   const auto any = [&plan](BlockPlan wanted) { return std::find(plan.begin(), plan.end(), wanted) != plan.end(); };

@@ -209,6 +209,16 @@ TEST(ActivationBudget, BlocksCheckpointedAlreadyAreRefused) {
   EXPECT_THROW(profile_blocks(model.blocks, model.input), InvalidArgument);
 }
 
+TEST(ActivationBudget, ASequentialsNamedBlocksArePlannedInTheirOrder) {
+  torch::nn::Sequential blocks({{"first", ResidualMlp()}, {"second", ResidualMlp()}});
+  apply_plan(blocks, {BlockPlan::kKeep, BlockPlan::kCheckpoint});
+  EXPECT_EQ(std::dynamic_pointer_cast<CheckpointWrapperImpl>(blocks->ptr(0)), nullptr);
+  const auto wrapper = std::dynamic_pointer_cast<CheckpointWrapperImpl>(blocks->ptr(1));
+  ASSERT_NE(wrapper, nullptr);
+  EXPECT_EQ(wrapper->wrapped(), blocks->named_children()["second"]);
+  EXPECT_EQ(clear_activation_checkpointing(*blocks), 1);
+}
+
 TEST(ActivationBudget, OffloadIsAPlanOnAnAcceleratorOnly) {
   SmallModel model;
   const std::vector<BlockCosts> costs = profile_blocks(model.blocks, model.input);
