@@ -1,5 +1,5 @@
-// `stowage bench dcp` and `bench grad-sync`: the JSON objects their issues specify, from
-// real (small) runs; no figure is judged here, benchmarks are not timed tests.
+// `stowage bench dcp`, `bench grad-sync` and `bench activation --train-model`: the JSON objects their issues specify,
+// from real (small) runs; no figure is judged here, benchmarks are not timed tests.
 
 #include "cli/cli_util.h"
 
@@ -104,6 +104,33 @@ TEST(BenchGradSync, ZeroRowsGiveEachModesMemoryPerRank) {
     EXPECT_GT(rows.at(mode)["peak_step_bytes"].get<int64_t>(), grads(mode)) << mode;
   }
   EXPECT_LE(figures["zero2_gradients_vs_limit"].get<double>(), 1) << last;
+}
+
+// The train model under each way of checkpointing it: every mode's row, the budgets'
+// plans within their budgets, and whole blocks at one block a segment below none.
+TEST(BenchActivationTrain, RowsGiveEachModesPeakAndTheBudgetsPlans) {
+  const auto result = run_command(stowage_binary() +
+                                  " bench activation --train-model --train-layers 2 --train-width 32 --seq-lens 16 "
+                                  "--train-steps 3 --train-rounds 1 --json");
+  ASSERT_EQ(result.status, 0) << result.output;
+  const std::string last = last_json_line(result.output);
+  const nlohmann::json figures = nlohmann::json::parse(last);
+  std::map<std::string, nlohmann::json> rows;
+  for (const auto& row : figures["rows"]) rows[row["mode"].get<std::string>()] = row;
+  // none, sqrt(n) and n segments (1 and 2 of 2 blocks), attention core, MLP, 3 budgets.
+  ASSERT_EQ(rows.size(), 8u) << last;
+  const auto peak = [&](const std::string& mode) { return rows.at(mode)["peak_activation_bytes"].get<int64_t>(); };
+  EXPECT_LT(peak("whole, 2 segments"), peak("none")) << last;
+  int budgets = 0;
+  for (const auto& [mode, row] : rows) {
+    EXPECT_GT(row["step_s"].get<double>(), 0) << mode;
+    if (row["budget_bytes"].get<int64_t>() == 0) continue;
+    ++budgets;
+    EXPECT_LE(peak(mode), row["budget_bytes"].get<int64_t>()) << mode;
+    EXPECT_FALSE(row["plan"].get<std::string>().empty()) << mode;
+  }
+  EXPECT_EQ(budgets, 3) << last;
+  EXPECT_FALSE(figures["goals"].empty()) << last;
 }
 
 }  // namespace

@@ -50,7 +50,7 @@ std::vector<CheckpointingMode> checkpointing_modes(const TrainOptions& train) {
 // `unplanned` (none's), so that each of the three is one some plan can meet.
 CheckpointingMode budget_checkpointing_mode(double share, int64_t least, int64_t unplanned) {
   const auto budget = least + static_cast<int64_t>(share * static_cast<double>(unplanned - least));
-  return {fmt::format("budget {:.1f} MiB", static_cast<double>(budget) / (1 << 20)),
+  return {fmt::format("budget {:.0f}% ({:.1f} MiB)", 100 * share, static_cast<double>(budget) / (1 << 20)),
           {"--recompute-segments", "0", "--activation-budget", std::to_string(budget)},
           budget};
 }

@@ -31,7 +31,7 @@ struct ActivationTrainBenchOptions {
 
 struct ActivationTrainBenchRow {
   int64_t seq_len = 0;
-  std::string mode;                   // "none", "whole sqrt(n)", "attention-core", "budget 60%", ...
+  std::string mode;                   // "none", "whole, 3 segments (sqrt n)", "mlp", "budget 50% (12.4 MiB)", ...
   int64_t budget_bytes = 0;           // budget rows only
   int64_t peak_activation_bytes = 0;  // the most any step took
   double step_s = 0;                  // median over the rounds of each run's median step
