@@ -1,8 +1,11 @@
 # Sourced by the build scripts: sets `launcher` to CMake's compiler-launcher arguments.
-# ccache makes rebuilds and CI runs on a warm machine fast; the sloppiness settings let it
-# cache translation units that use the precompiled header, and the base directory lets
-# clones in other folders share the cache. The cache lives outside the checkout, beside
-# the Python environment (scripts/python_env.sh), and holds both LibTorchs' builds.
+# ccache makes rebuilds fast; the sloppiness settings let it cache translation units that
+# use the precompiled header. The base directory would let clones in other folders share
+# the cache, but CMake 3.25's unity batches #include their sources by absolute path, and
+# the precompiled header names its header so too: a clone elsewhere (CI's) hits only for
+# what a checkout in the same folder compiled before.
+# The cache lives outside the checkout, beside the Python environment
+# (scripts/python_env.sh), and holds both LibTorchs' builds.
 launcher=()
 if command -v ccache >/dev/null; then
   export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/stowage/ccache}
