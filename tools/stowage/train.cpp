@@ -306,9 +306,9 @@ class Trainer {
   void fit_activation_budget(const Corpus& corpus) {
     const int64_t budget = *parse_byte_size(options_.activation_budget);  // the option's validator parsed it
     auto generator = at::make_generator<at::CPUGeneratorImpl>(options_.seed + 2);
-    auto [tokens, targets] = corpus.sample(options_.batch / world_.size, options_.seq_len, generator);
-    tokens = tokens.to(device_);
-    targets = targets.to(device_);
+    const auto batch = corpus.sample(options_.batch / world_.size, options_.seq_len, generator);
+    const torch::Tensor tokens = batch.first.to(device_);
+    const torch::Tensor targets = batch.second.to(device_);
     torch::Tensor block_input;
     {
       torch::NoGradGuard no_grad;
