@@ -4,6 +4,8 @@
 #include "sim/pinned_memory.h"
 #include "sim/runtime.h"
 
+#include <c10/util/Exception.h>
+
 namespace stowage::sim::detail {
 
 bool SimHooks::hasPrimaryContext(c10::DeviceIndex device_index) const {
@@ -33,10 +35,12 @@ c10::DeviceIndex SimHooks::maybeExchangeDevice(c10::DeviceIndex device) const {
 }
 
 bool SimHooks::isPinnedPtr(const void* data) const {
-  return PinnedMemory::instance().contains(data);
+  return has_pinned_memory() && PinnedMemory::instance().contains(data);
 }
 
 at::Allocator* SimHooks::getPinnedMemoryAllocator() const {
+  TORCH_CHECK(has_pinned_memory(),
+              "sim: this simulated device has no pinned host memory (STOWAGE_SIM_PINNED_MEMORY=0)");
   return &PinnedMemory::instance();
 }
 

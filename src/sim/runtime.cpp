@@ -11,6 +11,7 @@ namespace {
 
 std::atomic<bool> g_configured{false};
 c10::DeviceIndex g_device_count = 0;
+bool g_pinned_memory = true;
 std::array<std::atomic<int64_t>, kMaxDevices> g_capacity{};
 std::atomic<int64_t> g_delay_min_us{0};
 std::atomic<int64_t> g_delay_max_us{0};
@@ -35,6 +36,7 @@ void configure(const SimOptions& options) {
   }
   check_delay_range(options.copy_delay_min_us, options.copy_delay_max_us);
   g_device_count = static_cast<c10::DeviceIndex>(options.devices);
+  g_pinned_memory = options.pinned_memory;
   for (auto& capacity : g_capacity) capacity.store(options.capacity_bytes);
   g_delay_min_us.store(options.copy_delay_min_us);
   g_delay_max_us.store(options.copy_delay_max_us);
@@ -47,6 +49,10 @@ bool configured() {
 
 c10::DeviceIndex device_count() {
   return g_device_count;
+}
+
+bool has_pinned_memory() {
+  return g_pinned_memory;
 }
 
 void check_index(c10::DeviceIndex index) {

@@ -18,6 +18,7 @@ void configure(const SimOptions& options);
 bool configured();
 
 c10::DeviceIndex device_count();
+bool has_pinned_memory();
 // Throws InvalidArgument naming the index unless 0 <= index < device_count().
 void check_index(c10::DeviceIndex index);
 

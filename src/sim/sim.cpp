@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <limits>
 #include <mutex>
+#include <string>
 
 namespace stowage::sim {
 namespace {
@@ -41,6 +42,13 @@ SimOptions from_environment(SimOptions options) {
     }
     options.devices = static_cast<int>(count);
   }
+  if (const char* pinned = std::getenv("STOWAGE_SIM_PINNED_MEMORY")) {
+    const std::string value = pinned;
+    if (value != "0" && value != "1") {
+      throw InvalidArgument(fmt::format("sim: STOWAGE_SIM_PINNED_MEMORY='{}' is neither 1 nor 0", value));
+    }
+    options.pinned_memory = value == "1";
+  }
   return options;
 }
 
@@ -49,11 +57,12 @@ void register_once(const SimOptions& options) {
     throw Error(fmt::format("sim: this process already registered another PrivateUse1 device, '{}'",
                             c10::get_privateuse1_backend()));
   }
-  detail::configure(from_environment(options));
+  const SimOptions configured = from_environment(options);
+  detail::configure(configured);
   c10::register_privateuse1_backend("sim");
   static const c10::impl::DeviceGuardImplRegistrar guard(c10::DeviceType::PrivateUse1, new detail::SimGuard());
   c10::SetAllocator(c10::DeviceType::PrivateUse1, &detail::DeviceMemory::instance());
-  at::setHostAllocator(c10::DeviceType::PrivateUse1, &detail::PinnedMemory::instance());
+  if (configured.pinned_memory) at::setHostAllocator(c10::DeviceType::PrivateUse1, &detail::PinnedMemory::instance());
   at::RegisterPrivateUse1HooksInterface(new detail::SimHooks());
   detail::register_operators();
 }

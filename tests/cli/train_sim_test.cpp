@@ -15,9 +15,11 @@ using ::testing::HasSubstr;
 // needs ~22 MiB of device memory, stowage's ~12 MiB (measured).
 const std::string kActivationHeavy = " --layers 4 --width 64 --heads 2 --batch 16 --seq-len 64 --threads 1";
 
-CommandResult train_on_sim(const RunDir& dir, const std::string& capacity, const std::string& args) {
-  return run_command("STOWAGE_SIM_CAPACITY=" + capacity + " " + stowage_binary() + " train --device sim --run-dir " +
-                     dir.str() + kActivationHeavy + " --log-every 1000 " + args);
+// `environment`: further variables for the run ("NAME=value ").
+CommandResult train_on_sim(const RunDir& dir, const std::string& capacity, const std::string& args,
+                           const std::string& environment = "") {
+  return run_command(environment + "STOWAGE_SIM_CAPACITY=" + capacity + " " + stowage_binary() +
+                     " train --device sim --run-dir " + dir.str() + kActivationHeavy + " --log-every 1000 " + args);
 }
 
 TEST(TrainOnSim, APlainRunPastTheCapacityFailsWithTheDevicesOutOfMemoryErrorAndStowagesFinishes) {
@@ -66,6 +68,35 @@ TEST(TrainOnSim, OffloadedCheckpointInputsAndSelectiveRecomputeTrainAsThePlainRu
             fingerprint(offloaded.str() + "/checkpoints/step-00000003"));
   EXPECT_EQ(fingerprint(plain.str() + "/checkpoints/step-00000003"),
             fingerprint(selective.str() + "/checkpoints/step-00000003"));
+}
+
+// On a device without pinned host memory, offload copies the checkpoints' inputs to
+// pageable memory, each copy done when it returns: it says so once, and trains as the
+// plain run does.
+TEST(TrainOnSim, WithoutPinnedMemoryOffloadSaysSoOnceAndTrainsAsThePlainRun) {
+  if (!build_info().with_sim) GTEST_SKIP() << "the simulated device needs LibTorch 2.x";
+  const std::string common = "--steps 3 --ckpt-every 3 --swap-times 0 ";
+  RunDir plain, offloaded;
+  ASSERT_EQ(train_on_sim(plain, "64MiB", common + "--recompute-segments 0").status, 0);
+  const auto result = train_on_sim(offloaded, "64MiB", common + "--recompute-segments 4 --offload-checkpoint-inputs",
+                                   "STOWAGE_SIM_PINNED_MEMORY=0 ");
+  ASSERT_EQ(result.status, 0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("activation checkpointing: 4 segments, inputs offloaded"));
+  const std::string warning = "offload_inputs without pinned host memory for sim:0";
+  const size_t first = result.output.find(warning);
+  ASSERT_NE(first, std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find(warning, first + 1), std::string::npos) << "said more than once: " << result.output;
+  EXPECT_EQ(fingerprint(plain.str() + "/checkpoints/step-00000003"),
+            fingerprint(offloaded.str() + "/checkpoints/step-00000003"));
+}
+
+TEST(TrainOnSim, APinnedMemorySettingOtherThanOneOrZeroIsAnErrorNamingIt) {
+  if (!build_info().with_sim) GTEST_SKIP() << "the simulated device needs LibTorch 2.x";
+  RunDir dir;
+  const auto result = train_on_sim(dir, "64MiB", "--steps 1", "STOWAGE_SIM_PINNED_MEMORY=maybe ");
+  EXPECT_NE(result.status, 0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("STOWAGE_SIM_PINNED_MEMORY='maybe' is neither 1 nor 0"));
+  EXPECT_FALSE(fs::exists(dir.path)) << "created " << dir.str();
 }
 
 // Data parallelism on a device without a collective library of its own: the gradients go

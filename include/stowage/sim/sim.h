@@ -63,6 +63,10 @@ struct SimOptions {
   // soon as its worker reaches it.
   int64_t copy_delay_min_us = 0;
   int64_t copy_delay_max_us = 200;
+  // Whether the device has page-locked ("pinned") host memory. Without it, as on a device
+  // whose runtime cannot pin, tensor.pin_memory() fails and every copy with the host has
+  // completed when it returns. STOWAGE_SIM_PINNED_MEMORY=1 or =0 overrides it.
+  bool pinned_memory = true;
 };
 
 // Registers the simulated device type under the name "sim", its allocators, guard,
