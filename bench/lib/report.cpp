@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -213,6 +214,37 @@ void activation_charts(const json& activation, UsedKeys& used, json& charts) {
                                fmt::format("lower is better; both sides measured alike: {}",
                                            activation.value("peak_measure", std::string("?"))),
                                compared));
+  }
+}
+
+// `stowage bench activation --train-model` on `device` (the figures under `key`), a chart
+// pair per sequence length: each mode's activation peak against what it is asked to stay
+// under (a budget, or the goal of its kind), and, on a device whose time is measured, its
+// step against selective recompute's goal.
+void activation_train_charts(const std::string& key, const std::string& device, const json& r, UsedKeys& used,
+                             json& charts) {
+  std::map<int64_t, std::pair<std::vector<json>, std::vector<json>>> by_seq_len;  // peaks, steps
+  for (const json& row : r.value("rows", json::array())) {
+    auto& [peaks, steps] = by_seq_len[row.value("seq_len", int64_t(0))];
+    const std::string mode = row.value("mode", std::string("?"));
+    peaks.push_back(bar_group(mode, row, {{"stowage", "peak_activation_bytes", "stowage"}}, kMiB, key, used));
+    set_limit(peaks.back(), row.value("budget_bytes", int64_t(0)) > 0 ? "its budget" : "the goal",
+              json_number(row, "peak_target_bytes") / kMiB);
+    if (device == "sim") continue;  // the simulator's time is no device's
+    steps.push_back(bar_group(mode, row, {{"stowage", "step_s", "stowage"}}, 1, key, used));
+    set_limit(steps.back(), "the goal", json_number(row, "step_target_s"));
+  }
+  for (const auto& [seq_len, charts_at] : by_seq_len) {
+    const std::string id = fmt::format("{}-seq{}", device, seq_len);
+    const std::string what = fmt::format("stowage train's transformer at sequence length {} ({})", seq_len, device);
+    charts.push_back(bar_chart("activation-train-peak-" + id, what + ": activation peak of a step", "MiB",
+                               "lower is better; dashed: a budget, or the goal (selective recompute: half of none's; "
+                               "offload: a third of the same segments' without it)",
+                               charts_at.first));
+    charts.push_back(bar_chart("activation-train-step-" + id, what + ": step time", "s",
+                               "lower is better; dashed: selective recompute's goal, a third of whole blocks' "
+                               "overhead at sqrt(n) segments",
+                               charts_at.second));
   }
 }
 
@@ -424,6 +456,12 @@ json report_charts(const json& results) {
   charts.push_back(targets_chart(results.value("targets", json::array())));
   if (results.contains("dcp")) dcp_charts(results["dcp"], used, charts);
   if (results.contains("activation")) activation_charts(results["activation"], used, charts);
+  if (results.contains("activation_train")) {
+    activation_train_charts("activation_train", "cpu", results["activation_train"], used, charts);
+  }
+  if (results.contains("activation_train_sim")) {
+    activation_train_charts("activation_train_sim", "sim", results["activation_train_sim"], used, charts);
+  }
   if (results.contains("swap")) swap_charts(results["swap"], used, charts);
   if (results.contains("capacity")) capacity_charts(results["capacity"], used, charts);
   for (const auto& item : results.items()) {

@@ -8,23 +8,12 @@
 
 #include <filesystem>
 #include <map>
-#include <sstream>
 
 #include <unistd.h>
 
 namespace stowage::testing {
 namespace {
 namespace fs = std::filesystem;
-
-// The benchmark's JSON object: its last line that starts one (LibTorch may log before it).
-std::string last_json_line(const std::string& output) {
-  std::istringstream lines(output);
-  std::string last;
-  for (std::string line; std::getline(lines, line);) {
-    if (!line.empty() && line.front() == '{') last = line;
-  }
-  return last;
-}
 
 TEST(BenchDcp, JsonHasEveryFigureAndTheScratchSpaceIsRemoved) {
   const fs::path dir = fs::temp_directory_path() / ("stowage-bench-test-" + std::to_string(getpid()));

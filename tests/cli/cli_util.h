@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <sstream>
 #include <string>
 
 namespace stowage::testing {
@@ -42,6 +43,17 @@ inline nlohmann::json json_in_output(const std::string& output) {
   const size_t start = output.rfind('{', 0) == 0 ? 0 : output.find("\n{");
   if (start == std::string::npos) return nullptr;
   return nlohmann::json::parse(output.substr(start), nullptr, /*allow_exceptions=*/false);
+}
+
+// A benchmark's --json object: the last line of `output` that starts one (LibTorch may
+// log before and after it).
+inline std::string last_json_line(const std::string& output) {
+  std::istringstream lines(output);
+  std::string last;
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.empty() && line.front() == '{') last = line;
+  }
+  return last;
 }
 
 }  // namespace stowage::testing

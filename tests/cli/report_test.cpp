@@ -6,13 +6,17 @@
 
 #include "cli/cli_util.h"
 
+#include <stowage/build_info.h>
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
+#include <vector>
 
 #include <unistd.h>
 
@@ -109,10 +113,30 @@ TEST_F(BenchReport, EveryChartOfARealRunIsDrawnInChromium) {
   EXPECT_EQ(page.find("https://"), std::string::npos);
 
   const nlohmann::json charts = expect_every_chart_drawn(dir_ / "run");
-  for (const char* id : {"targets", "dcp-save", "dcp-load-stage", "dcp-async", "activation-step", "activation-peak",
-                         "swap-step", "swap-peak", "memory-timeline"}) {
-    EXPECT_NE(chart_by_id(charts, id), nullptr) << "no chart " << id;
+  std::vector<std::string> ids{"targets",
+                               "dcp-save",
+                               "dcp-load-stage",
+                               "dcp-async",
+                               "activation-step",
+                               "activation-peak",
+                               "activation-train-peak-cpu-seq16",
+                               "activation-train-step-cpu-seq32",
+                               "swap-step",
+                               "swap-peak",
+                               "memory-timeline"};
+  if (build_info().with_sim) ids.emplace_back("activation-train-peak-sim-seq32");
+  for (const std::string& id : ids) EXPECT_NE(chart_by_id(charts, id), nullptr) << "no chart " << id;
+  // The simulator's time is no device's: no chart of it.
+  EXPECT_EQ(chart_by_id(charts, "activation-train-step-sim-seq32"), nullptr);
+  // The train model's goals are targets: selective recompute's peak and time for each of
+  // its two sites, and the one budget's peak. (The targets chart leaves out a ratio that
+  // is not positive, as a time overhead within the noise can be; the table has each.)
+  const nlohmann::json targets = read_json(dir_ / "run" / "report.json")["results"]["targets"];
+  int train_goals = 0;
+  for (const nlohmann::json& row : targets) {
+    if (row["figure"].get<std::string>().find(", seq 32 (cpu)") != std::string::npos) ++train_goals;
   }
+  EXPECT_EQ(train_goals, 5) << targets.dump();
   const nlohmann::json* timeline = chart_by_id(charts, "memory-timeline");
   ASSERT_NE(timeline, nullptr);
   ASSERT_EQ((*timeline)["series"].size(), 3u) << "plain, checkpointed, swapped";
@@ -153,6 +177,46 @@ TEST_F(BenchReport, PeerFiguresAreDrawnBesideStowages) {
   EXPECT_EQ(roles_in("activation-step", "plain"), "stowage pytorch ");
   EXPECT_NE(chart_by_id(charts, "dcp-pytorch_dcp_future_figure_s"), nullptr);
   EXPECT_EQ(roles_in("train-pytorch_tokens_per_s", "train"), "stowage pytorch ");
+}
+
+// The train model's activation peaks (bench activation --train-model, here a small real
+// run drawn with --from) are drawn against what each mode is asked to stay under: a budget
+// row against its budget, selective recompute against half of none's peak.
+TEST(BenchReportTrainModel, PeaksAreDrawnAgainstTheirBudgetsAndGoals) {
+  if (!fs::exists(kChromium)) GTEST_SKIP() << kChromium << " is not installed (scripts/setup.sh installs it)";
+  const auto run = run_command(stowage_binary() +
+                               " bench activation --train-model --train-layers 2 --train-width 32 --seq-lens 32 "
+                               "--train-steps 3 --train-rounds 1 --budget-shares 0.25 0.75 --json");
+  ASSERT_EQ(run.status, 0) << run.output;
+  const fs::path dir = fs::temp_directory_path() / ("stowage-report-train-model-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "run.json")
+      << nlohmann::json{{"activation_train", nlohmann::json::parse(last_json_line(run.output))}}.dump();
+  const auto drawn = run_command(stowage_binary() + " bench --from " + (dir / "run.json").string() + " --report " +
+                                 (dir / "report").string());
+  ASSERT_EQ(drawn.status, 0) << drawn.output;
+  const nlohmann::json charts = expect_every_chart_drawn(dir / "report");
+  const nlohmann::json* chart = chart_by_id(charts, "activation-train-peak-cpu-seq32");
+  ASSERT_NE(chart, nullptr) << charts.dump();
+  EXPECT_NE(chart_by_id(charts, "activation-train-step-cpu-seq32"), nullptr);
+  std::map<std::string, nlohmann::json> groups;
+  for (const nlohmann::json& group : (*chart)["groups"]) groups[group["label"].get<std::string>()] = group;
+  ASSERT_EQ(groups.count("none"), 1u) << chart->dump();
+  ASSERT_EQ(groups.count("mlp"), 1u) << chart->dump();
+  EXPECT_FALSE(groups["none"].contains("limit"));
+  EXPECT_EQ(groups["mlp"]["limit"]["label"], "the goal");
+  EXPECT_NEAR(groups["mlp"]["limit"]["value"].get<double>(), groups["none"]["bars"][0]["value"].get<double>() / 2,
+              1e-3);
+  int budgets = 0;
+  for (const auto& [label, group] : groups) {
+    if (label.rfind("budget", 0) != 0) continue;
+    ++budgets;
+    EXPECT_EQ(group["limit"]["label"], "its budget") << label;
+    EXPECT_LE(group["bars"][0]["value"].get<double>(), group["limit"]["value"].get<double>()) << label;
+  }
+  EXPECT_EQ(budgets, 2) << chart->dump();
+  fs::remove_all(dir);
 }
 
 TEST(BenchReportOptions, AReportDirectoryThatCannotBeCreatedIsNamedBeforeAnythingRuns) {

@@ -125,6 +125,16 @@ void add_capacity_rows(bench::Table& rows, const json& r) {
   }
 }
 
+// The goals `stowage bench activation --train-model` judged (issue 26), on `device`.
+void add_activation_train_rows(bench::Table& rows, const json& r, const std::string& device) {
+  for (const json& goal : r.value("goals", json::array())) {
+    add_row(
+        rows, "activation",
+        fmt::format("{}, seq {} ({})", goal.value("goal", std::string()), goal.value("seq_len", int64_t(0)), device),
+        figure_of(goal, "value"), "<=", goal.value("limit", 0.0));
+  }
+}
+
 void add_train_rows(bench::Table& rows, const json& r) {
   add_row(rows, "train", "tokens/s / pytorch's",
           ratio(figure_of(r, "stowage_tokens_per_s"), figure_of(r, "pytorch_tokens_per_s")), ">=", 1);
@@ -139,26 +149,44 @@ std::vector<std::string> quick_args(const std::string& name) {
   if (name == "swap") {
     return {"--params", "1048576", "--tensors", "16", "--warmup-steps", "0", "--steps", "1", "--cpu-cache-mib", "64"};
   }
+  if (name == "activation_train") {
+    return {"--train-layers", "2", "--train-width",  "32", "--seq-lens",      "16", "32",
+            "--train-steps",  "3", "--train-rounds", "1",  "--budget-shares", "0.5"};
+  }
   if (name == "train") return {"--steps", "10", "--rounds", "1", "--ckpt-every", "5"};
   if (name == "capacity") return {"--capacity", "16MiB", "--max-layers", "4", "--steps", "1", "--width", "64"};
   return {};
 }
 
-// The command line of each benchmark's run: `stowage bench <name> --json`, with its
-// Python peer's flag (train runs only to compare with its peer) and --quick's sizes.
-// capacity runs where the build has the simulated device.
-std::vector<std::vector<std::string>> benchmark_runs(const RunAllOptions& options) {
-  std::vector<std::string> names{"dcp", "activation", "swap"};
-  if (build_info().with_sim) names.emplace_back("capacity");
-  if (options.peer) names.emplace_back("train");
-  std::vector<std::vector<std::string>> runs;
-  for (const std::string& name : names) {
-    std::vector<std::string> run{executable_path(), "bench", name, "--json"};
-    if (options.peer && name != "swap" && name != "capacity") run.emplace_back("--peer");
+// One benchmark of `stowage bench`: the key of its figures, and the command line that
+// runs it (`stowage bench <name> --json ...`).
+struct BenchmarkRun {
+  std::string key;
+  std::vector<std::string> argv;
+};
+
+// Each benchmark's run, with its Python peer's flag (train runs only to compare with its
+// peer) and --quick's sizes. capacity, and the train model's activations on the simulated
+// device (for device memory), run where the build has it.
+std::vector<BenchmarkRun> benchmark_runs(const RunAllOptions& options) {
+  const std::vector<std::string> train_model{"activation", "--train-model"};
+  std::vector<BenchmarkRun> runs{
+      {"dcp", {"dcp"}}, {"activation", {"activation"}}, {"activation_train", train_model}, {"swap", {"swap"}}};
+  if (build_info().with_sim) {
+    runs.push_back({"activation_train_sim", train_model});
+    runs.back().argv.insert(runs.back().argv.end(), {"--train-device", "sim"});
+    runs.push_back({"capacity", {"capacity"}});
+  }
+  if (options.peer) runs.push_back({"train", {"train"}});
+  for (BenchmarkRun& run : runs) {
+    const bool has_peer = run.key == "dcp" || run.key == "activation" || run.key == "train";
+    run.argv.insert(run.argv.begin(), {executable_path(), "bench"});
+    run.argv.emplace_back("--json");
+    if (options.peer && has_peer) run.argv.emplace_back("--peer");
     if (options.quick) {
-      for (std::string& arg : quick_args(name)) run.push_back(std::move(arg));
+      const std::string sizes = run.key == "activation_train_sim" ? "activation_train" : run.key;
+      for (std::string& arg : quick_args(sizes)) run.argv.push_back(std::move(arg));
     }
-    runs.push_back(run);
   }
   return runs;
 }
@@ -219,14 +247,15 @@ void run_all(const RunAllOptions& options) {
   if (!options.report_dir.empty()) bench::prepare_report_dir(options.report_dir);
   json results;
   bench::Table rows;
-  for (const auto& argv : benchmark_runs(options)) {
-    const std::string& name = argv[2];
-    results[name] = run_benchmark(argv);
-    if (name == "dcp") add_dcp_rows(rows, results[name]);
-    if (name == "activation") add_activation_rows(rows, results[name]);
-    if (name == "swap") add_swap_rows(rows, results[name]);
-    if (name == "train") add_train_rows(rows, results[name]);
-    if (name == "capacity") add_capacity_rows(rows, results[name]);
+  for (const BenchmarkRun& run : benchmark_runs(options)) {
+    const json& r = results[run.key] = run_benchmark(run.argv);
+    if (run.key == "dcp") add_dcp_rows(rows, r);
+    if (run.key == "activation") add_activation_rows(rows, r);
+    if (run.key == "activation_train") add_activation_train_rows(rows, r, "cpu");
+    if (run.key == "activation_train_sim") add_activation_train_rows(rows, r, "sim");
+    if (run.key == "swap") add_swap_rows(rows, r);
+    if (run.key == "train") add_train_rows(rows, r);
+    if (run.key == "capacity") add_capacity_rows(rows, r);
   }
   results["targets"] = rows.json();
   if (!options.report_dir.empty()) {

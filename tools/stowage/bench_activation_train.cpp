@@ -23,6 +23,29 @@ namespace stowage::cli {
 namespace {
 
 constexpr int64_t kActivationWarmupSteps = 2;
+// Issue 26's goals: selective recompute's peak at most half of none's, at most a third
+// of whole-block recompute's time overhead; offload's peak at most a third of the same
+// segments' without it.
+constexpr double kSelectivePeakShare = 0.5;
+constexpr double kSelectiveOverheadShare = 1.0 / 3;
+constexpr double kOffloadPeakShare = 1.0 / 3;
+
+// The simulator's step time is no device's: its runs give memory only.
+bool timed_device(const std::string& device) {
+  return device.rfind("sim", 0) != 0;
+}
+
+std::string whole_mode_name(int64_t segments) {
+  return fmt::format("whole, {} segments", segments);
+}
+
+std::string offloaded_mode_name(int64_t segments) {
+  return whole_mode_name(segments) + ", inputs offloaded";
+}
+
+bool is_selective_mode(const std::string& mode) {
+  return mode == "attention core" || mode == "mlp";
+}
 
 struct CheckpointingMode {
   std::string name;
@@ -35,13 +58,13 @@ std::vector<CheckpointingMode> checkpointing_modes(const TrainOptions& train) {
   const auto root = std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(layers))));
   std::vector<CheckpointingMode> modes = {
       {"none", {"--recompute-segments", "0"}},
-      {fmt::format("whole, {} segments (sqrt n)", root), {"--recompute-segments", std::to_string(root)}},
-      {fmt::format("whole, {} segments", layers), {"--recompute-segments", std::to_string(layers)}},
+      {whole_mode_name(root) + " (sqrt n)", {"--recompute-segments", std::to_string(root)}},
+      {whole_mode_name(layers), {"--recompute-segments", std::to_string(layers)}},
       {"attention core", {"--recompute-segments", "0", "--selective-recompute", "attention-core"}},
       {"mlp", {"--recompute-segments", "0", "--selective-recompute", "mlp"}}};
   if (train.device != "cpu") {  // offload does nothing on the CPU
-    modes.push_back({fmt::format("whole, {} segments, inputs offloaded", layers),
-                     {"--recompute-segments", std::to_string(layers), "--offload-checkpoint-inputs"}});
+    modes.push_back(
+        {offloaded_mode_name(layers), {"--recompute-segments", std::to_string(layers), "--offload-checkpoint-inputs"}});
   }
   return modes;
 }
@@ -149,6 +172,35 @@ const ActivationTrainBenchRow* find_activation_row(const ActivationTrainBenchRes
   return nullptr;
 }
 
+// What a row's peak is asked to stay under (0: nothing): its budget, or the goal of its kind.
+int64_t peak_target_bytes(const ActivationTrainBenchResult& r, const ActivationTrainBenchRow& row) {
+  if (row.budget_bytes > 0) return row.budget_bytes;
+  const auto share_of = [&](const std::string& mode, double share) {
+    return static_cast<int64_t>(share *
+                                static_cast<double>(find_activation_row(r, row.seq_len, mode)->peak_activation_bytes));
+  };
+  if (is_selective_mode(row.mode)) return share_of("none", kSelectivePeakShare);
+  if (row.mode == offloaded_mode_name(r.options.train.layers)) {
+    return share_of(whole_mode_name(r.options.train.layers), kOffloadPeakShare);
+  }
+  return 0;
+}
+
+// Whole-block recompute's step time overhead over none's at √n segments, in seconds; one
+// within the noise of two runs (a few percent) would divide nothing, so at least 2%.
+double whole_overhead_s(const ActivationTrainBenchResult& r, int64_t seq_len) {
+  const double none = find_activation_row(r, seq_len, "none")->step_s;
+  return std::max(find_activation_row(r, seq_len, "whole")->step_s - none, 0.02 * none);
+}
+
+// What a row's step is asked to stay under (0: nothing): selective recompute's goal, on a
+// device whose time is measured.
+double step_target_s(const ActivationTrainBenchResult& r, const ActivationTrainBenchRow& row) {
+  if (!timed_device(r.options.train.device) || !is_selective_mode(row.mode)) return 0;
+  return find_activation_row(r, row.seq_len, "none")->step_s +
+         kSelectiveOverheadShare * whole_overhead_s(r, row.seq_len);
+}
+
 // The goals of issue 26 at one sequence length, each a verdict over the measured rows.
 struct ActivationGoals {
   nlohmann::json json = nlohmann::json::array();
@@ -157,6 +209,7 @@ struct ActivationGoals {
 
 ActivationGoals activation_goals_at(const ActivationTrainBenchResult& r, int64_t seq_len) {
   ActivationGoals goals;
+  const bool timed = timed_device(r.options.train.device);
   const auto& none = *find_activation_row(r, seq_len, "none");
   const auto overhead = [&none](const ActivationTrainBenchRow& row) { return row.step_s / none.step_s - 1; };
   const auto add = [&](const std::string& goal, double value, double limit, const std::string& detail) {
@@ -165,24 +218,22 @@ ActivationGoals activation_goals_at(const ActivationTrainBenchResult& r, int64_t
     goals.text += fmt::format("  seq {}: {}: {:.2f} (limit {:.2f}) {}; {}\n", seq_len, goal, value, limit,
                               bench::met_text(value <= limit), detail);
   };
-  const ActivationTrainBenchRow* whole = find_activation_row(r, seq_len, "whole");
+  const auto peak_over = [](const ActivationTrainBenchRow& row, const ActivationTrainBenchRow& reference) {
+    return static_cast<double>(row.peak_activation_bytes) / static_cast<double>(reference.peak_activation_bytes);
+  };
+  const ActivationTrainBenchRow& whole = *find_activation_row(r, seq_len, "whole");
   for (const char* selective : {"attention core", "mlp"}) {
     const ActivationTrainBenchRow& row = *find_activation_row(r, seq_len, selective);
-    const double peak_share =
-        static_cast<double>(row.peak_activation_bytes) / static_cast<double>(none.peak_activation_bytes);
-    add(fmt::format("{}: peak / none's", selective), peak_share, 0.5, "");
-    // A whole-block overhead within the noise of two runs (a few percent) divides nothing.
-    const double whole_overhead = std::max(overhead(*whole), 0.02);
-    add(fmt::format("{}: recompute overhead / whole sqrt(n)'s", selective), overhead(row) / whole_overhead, 1.0 / 3,
-        fmt::format("{:+.0f}% against {:+.0f}%", 100 * overhead(row), 100 * overhead(*whole)));
+    add(fmt::format("{}: peak / none's", selective), peak_over(row, none), kSelectivePeakShare, "");
+    if (!timed) continue;
+    add(fmt::format("{}: recompute overhead / whole sqrt(n)'s", selective),
+        (row.step_s - none.step_s) / whole_overhead_s(r, seq_len), kSelectiveOverheadShare,
+        fmt::format("{:+.0f}% against {:+.0f}%", 100 * overhead(row), 100 * overhead(whole)));
   }
-  if (const ActivationTrainBenchRow* offloaded =
-          find_activation_row(r, seq_len, fmt::format("whole, {} segments, inputs", r.options.train.layers))) {
-    const ActivationTrainBenchRow& kept =
-        *find_activation_row(r, seq_len, fmt::format("whole, {} segments", r.options.train.layers));
-    add("offload: peak / without",
-        static_cast<double>(offloaded->peak_activation_bytes) / static_cast<double>(kept.peak_activation_bytes),
-        1.0 / 3,
+  const int64_t layers = r.options.train.layers;
+  if (const ActivationTrainBenchRow* offloaded = find_activation_row(r, seq_len, offloaded_mode_name(layers))) {
+    const ActivationTrainBenchRow& kept = *find_activation_row(r, seq_len, whole_mode_name(layers));
+    add("offload: peak / without", peak_over(*offloaded, kept), kOffloadPeakShare,
         fmt::format("{:.1f} MiB against {:.1f} MiB", mebibytes(offloaded->peak_activation_bytes),
                     mebibytes(kept.peak_activation_bytes)));
   }
@@ -190,7 +241,8 @@ ActivationGoals activation_goals_at(const ActivationTrainBenchResult& r, int64_t
     if (row.seq_len != seq_len || row.budget_bytes == 0) continue;
     add(fmt::format("{}: peak / budget", row.mode),
         static_cast<double>(row.peak_activation_bytes) / static_cast<double>(row.budget_bytes), 1.0,
-        fmt::format("{} picked, {:+.0f}% step time", row.plan, 100 * overhead(row)));
+        timed ? fmt::format("{} picked, {:+.0f}% step time", row.plan, 100 * overhead(row))
+              : fmt::format("{} picked", row.plan));
   }
   return goals;
 }
@@ -210,6 +262,8 @@ bench::Table activation_rows_table(const ActivationTrainBenchResult& r) {
         .field("step_s", row.step_s, "{:.4f}", "step s")
         .field("step_overhead_vs_none", row.step_s / none.step_s - 1, "{:+.2f}", "overhead")
         .json("budget_bytes", row.budget_bytes)
+        .json("peak_target_bytes", peak_target_bytes(r, row))
+        .json("step_target_s", step_target_s(r, row))
         .field("plan", row.plan.empty() ? "-" : row.plan);
     table.add(std::move(line));
   }
@@ -274,6 +328,7 @@ std::string to_text(const ActivationTrainBenchResult& r) {
       r.options.train.device, r.options.train.layers, r.options.train.width, r.options.train.heads,
       r.options.train.batch, r.options.train.threads, r.options.train.steps - kActivationWarmupSteps,
       kActivationWarmupSteps, r.options.rounds);
+  if (!timed_device(r.options.train.device)) text += "  the simulator's step times are no device's: read its peaks\n";
   text += activation_rows_table(r).text("  ");
   for (const int64_t seq_len : r.options.seq_lens) text += activation_goals_at(r, seq_len).text;
   return text;
