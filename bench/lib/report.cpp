@@ -217,12 +217,13 @@ void activation_charts(const json& activation, UsedKeys& used, json& charts) {
   }
 }
 
-// `stowage bench activation --train-model` on `device` (the figures under `key`), a chart
-// pair per sequence length: each mode's activation peak against what it is asked to stay
-// under (a budget, or the goal of its kind), and, on a device whose time is measured, its
+// `stowage bench activation --train-model` (the figures under `key`), a chart pair per
+// sequence length: each mode's activation peak against what it is asked to stay under (a
+// budget, or the goal of its kind), and, on a device whose time is measured ("timed"), its
 // step against selective recompute's goal.
-void activation_train_charts(const std::string& key, const std::string& device, const json& r, UsedKeys& used,
-                             json& charts) {
+void activation_train_charts(const std::string& key, const json& r, UsedKeys& used, json& charts) {
+  const std::string device = r.value("device", std::string("?"));
+  const bool timed = r.value("timed", false);
   std::map<int64_t, std::pair<std::vector<json>, std::vector<json>>> by_seq_len;  // peaks, steps
   for (const json& row : r.value("rows", json::array())) {
     auto& [peaks, steps] = by_seq_len[row.value("seq_len", int64_t(0))];
@@ -230,7 +231,7 @@ void activation_train_charts(const std::string& key, const std::string& device, 
     peaks.push_back(bar_group(mode, row, {{"stowage", "peak_activation_bytes", "stowage"}}, kMiB, key, used));
     set_limit(peaks.back(), row.value("budget_bytes", int64_t(0)) > 0 ? "its budget" : "the goal",
               json_number(row, "peak_target_bytes") / kMiB);
-    if (device == "sim") continue;  // the simulator's time is no device's
+    if (!timed) continue;
     steps.push_back(bar_group(mode, row, {{"stowage", "step_s", "stowage"}}, 1, key, used));
     set_limit(steps.back(), "the goal", json_number(row, "step_target_s"));
   }
@@ -456,11 +457,8 @@ json report_charts(const json& results) {
   charts.push_back(targets_chart(results.value("targets", json::array())));
   if (results.contains("dcp")) dcp_charts(results["dcp"], used, charts);
   if (results.contains("activation")) activation_charts(results["activation"], used, charts);
-  if (results.contains("activation_train")) {
-    activation_train_charts("activation_train", "cpu", results["activation_train"], used, charts);
-  }
-  if (results.contains("activation_train_sim")) {
-    activation_train_charts("activation_train_sim", "sim", results["activation_train_sim"], used, charts);
+  for (const char* key : {"activation_train", "activation_train_sim"}) {
+    if (results.contains(key)) activation_train_charts(key, results[key], used, charts);
   }
   if (results.contains("swap")) swap_charts(results["swap"], used, charts);
   if (results.contains("capacity")) capacity_charts(results["capacity"], used, charts);

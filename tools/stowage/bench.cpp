@@ -125,8 +125,9 @@ void add_capacity_rows(bench::Table& rows, const json& r) {
   }
 }
 
-// The goals `stowage bench activation --train-model` judged (issue 26), on `device`.
-void add_activation_train_rows(bench::Table& rows, const json& r, const std::string& device) {
+// The goals `stowage bench activation --train-model` judged (issue 26), on its device.
+void add_activation_train_rows(bench::Table& rows, const json& r) {
+  const std::string device = r.value("device", std::string("?"));
   for (const json& goal : r.value("goals", json::array())) {
     add_row(
         rows, "activation",
@@ -251,8 +252,7 @@ void run_all(const RunAllOptions& options) {
     const json& r = results[run.key] = run_benchmark(run.argv);
     if (run.key == "dcp") add_dcp_rows(rows, r);
     if (run.key == "activation") add_activation_rows(rows, r);
-    if (run.key == "activation_train") add_activation_train_rows(rows, r, "cpu");
-    if (run.key == "activation_train_sim") add_activation_train_rows(rows, r, "sim");
+    if (run.key == "activation_train" || run.key == "activation_train_sim") add_activation_train_rows(rows, r);
     if (run.key == "swap") add_swap_rows(rows, r);
     if (run.key == "train") add_train_rows(rows, r);
     if (run.key == "capacity") add_capacity_rows(rows, r);

@@ -310,6 +310,7 @@ nlohmann::json to_json(const ActivationTrainBenchResult& r) {
   }
   return {{"benchmark", "activation_train"},
           {"device", r.options.train.device},
+          {"timed", timed_device(r.options.train.device)},
           {"layers", r.options.train.layers},
           {"width", r.options.train.width},
           {"heads", r.options.train.heads},
