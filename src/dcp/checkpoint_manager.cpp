@@ -29,19 +29,46 @@ std::optional<int64_t> step_of(const std::string& name) {
   return parse_decimal_digits(name.substr(prefix));
 }
 
-// Whether a load failed because the checkpoint could not be read (on every rank that
-// failed), rather than because the state dict does not match it.
-bool is_unreadable(const std::exception& error) {
-  if (dynamic_cast<const CorruptionError*>(&error) != nullptr) return true;
-  // An IoError on no file (host memory that could not be mapped) says nothing of the checkpoint.
-  if (const auto* io = dynamic_cast<const IoError*>(&error)) return !io->path().empty();
-  const auto* failed = dynamic_cast<const DistributedCheckpointError*>(&error);
-  return failed != nullptr && std::all_of(failed->failures().begin(), failed->failures().end(), [](const auto& item) {
-           const RankFailure& failure = item.second;
-           const bool on_a_file =
-               (failure.kind == ErrorKind::kIo || failure.kind == ErrorKind::kNotFound) && !failure.path.empty();
-           return on_a_file || failure.kind == ErrorKind::kCorruption;
-         });
+// Whether `path` is `checkpoint` (a checkpoint's directory) or a file in it.
+bool is_in_checkpoint(const std::string& path, const std::string& checkpoint) {
+  if (path.compare(0, checkpoint.size(), checkpoint) != 0) return false;
+  return path.size() == checkpoint.size() || path[checkpoint.size()] == '/';
+}
+
+// Whether a failure of one rank was on the files of `checkpoint`: corrupt, or an I/O
+// error on one of them. An error of any other kind, or on another path or on none (a
+// Stateful's scratch file, host memory), is a failure of the state loaded into.
+bool failed_on_checkpoint_files(ErrorKind kind, const std::string& path, const std::string& file,
+                                const std::string& checkpoint) {
+  switch (kind) {
+    case ErrorKind::kCorruption:
+      return is_in_checkpoint(file, checkpoint);
+    case ErrorKind::kIo:
+    case ErrorKind::kNotFound:
+      return is_in_checkpoint(path, checkpoint);
+    default:
+      return false;
+  }
+}
+
+// Whether loading `checkpoint` failed because it cannot be read (restore()'s contract):
+// on its own files, on every rank that failed. With a group, only a failure that every
+// rank raised alike (DistributedCheckpointError) can be, so that the ranks agree.
+bool cannot_be_read(const std::exception& error, const std::string& checkpoint, bool with_group) {
+  if (const auto* failed = dynamic_cast<const DistributedCheckpointError*>(&error)) {
+    return std::all_of(failed->failures().begin(), failed->failures().end(), [&](const auto& item) {
+      const RankFailure& failure = item.second;
+      return failed_on_checkpoint_files(failure.kind, failure.path, failure.file, checkpoint);
+    });
+  }
+  if (with_group) return false;  // this rank's alone: the others have loaded
+  if (const auto* corrupt = dynamic_cast<const CorruptionError*>(&error)) {
+    return failed_on_checkpoint_files(corrupt->kind(), "", corrupt->file(), checkpoint);
+  }
+  if (const auto* io = dynamic_cast<const IoError*>(&error)) {
+    return failed_on_checkpoint_files(io->kind(), io->path(), "", checkpoint);
+  }
+  return false;
 }
 
 // Hands restore()'s skipped checkpoints to the caller, or warns of each.
@@ -315,7 +342,10 @@ std::optional<int64_t> CheckpointManager::restore(StateDict& state, LoadOptions 
       FileSystemReader reader(path, options_.env());
       load(state, reader, options, group_);
     } catch (const std::exception& error) {
-      if (!options_.restore_falls_back() || !is_unreadable(error)) throw;
+      if (!options_.restore_falls_back() || !cannot_be_read(error, path, group_.has_value())) {
+        report_skipped(std::move(unreadable), skipped);  // the newer ones were skipped all the same
+        throw;                                           // as raised: it names what failed
+      }
       if (!newest_error) newest_error = std::current_exception();
       unreadable.push_back(SkippedCheckpoint{*step, path, exception_message(error)});
       continue;

@@ -8,6 +8,7 @@
 #include <stowage/dcp/checkpoint_manager.h>
 #include <stowage/dcp/verify.h>
 #include <stowage/error.h>
+#include <stowage/state/stateful.h>
 
 #include <fmt/format.h>
 #include <gmock/gmock.h>
@@ -15,6 +16,8 @@
 
 #include <cerrno>
 #include <filesystem>
+#include <functional>
+#include <string>
 #include <vector>
 
 namespace stowage::dcp {
@@ -26,6 +29,7 @@ using ::testing::HasSubstr;
 using testing::metadata_path;
 using testing::read_file;
 using testing::ScratchDir;
+using testing::state_of;
 using testing::write_file;
 
 std::vector<int64_t> committed_steps(const std::string& directory) {
@@ -344,6 +348,149 @@ TEST(DcpCheckpointManager, AStateThatDoesNotMatchIsNoReasonToFallBack) {
   std::vector<SkippedCheckpoint> skipped;
   EXPECT_THROW(manager.restore(state, {}, &skipped), InvalidArgument);
   EXPECT_TRUE(skipped.empty());
+}
+
+// A Stateful over one tensor that fails where it is told to, as the swap optimizer's
+// disk tier fails on a read-only file system: with an error about a file of its own.
+class FailingStateful final : public Stateful {
+ public:
+  enum class FailsIn { kNothing, kCheck, kLoad };
+  StateDict state_dict() override { return state_of({{"value", value}}); }
+  void check_load_state_dict(const StateDict& /*state*/) override {
+    ++checks;
+    if (fails_in == FailsIn::kCheck) fail();
+  }
+  void load_state_dict(const StateDict& /*state*/) override {
+    ++loads;
+    if (fails_in == FailsIn::kLoad) fail();
+  }
+  at::Tensor value = torch::zeros({4});
+  FailsIn fails_in = FailsIn::kNothing;
+  std::function<void()> fail;
+  int checks = 0;
+  int loads = 0;
+};
+
+constexpr const char* kScratchFile = "/read-only/swap/scratch-float32";
+const std::string kCannotCreateScratch =
+    fmt::format("Swap optimizer disk tier: cannot create the scratch file '{}': Read-only file system", kScratchFile);
+
+void fail_to_create_the_scratch_file() {
+  throw IoError(kCannotCreateScratch, kScratchFile, "create", EROFS);
+}
+
+// Two intact committed checkpoints, 10 and 20, of "w" and a FailingStateful "swap", each
+// holding its step.
+void save_steps_ten_and_twenty(const std::string& directory) {
+  CheckpointManager manager(directory, CheckpointManagerOptions().save_every(10).keep_last(0));
+  for (const int64_t step : {10, 20}) {
+    auto swap = c10::make_intrusive<FailingStateful>();
+    swap->value.fill_(double(step));
+    manager.save(step, state_of({{"w", torch::full({64}, double(step))}, {"swap", as_ivalue(swap)}}));
+    manager.wait();
+  }
+}
+
+// Falling back is for a checkpoint that cannot be read: a Stateful that fails, on a file
+// of its own, fails the restore at once with its error as raised, and no checkpoint is
+// skipped.
+TEST(DcpCheckpointManager, AStatefulThatFailsIsNoReasonToFallBack) {
+  using FailsIn = FailingStateful::FailsIn;
+  struct Case {
+    const char* what;
+    FailsIn fails_in;
+    std::function<void()> fail;
+    ErrorKind kind;
+    std::string message;
+  };
+  const std::string corrupt_scratch = fmt::format("the scratch file '{}' is corrupt", kScratchFile);
+  const std::vector<Case> cases = {
+      {"an IoError in check_load_state_dict", FailsIn::kCheck, fail_to_create_the_scratch_file, ErrorKind::kIo,
+       kCannotCreateScratch},
+      {"an IoError in load_state_dict", FailsIn::kLoad, fail_to_create_the_scratch_file, ErrorKind::kIo,
+       kCannotCreateScratch},
+      {"a CorruptionError of its own file in load_state_dict", FailsIn::kLoad,
+       [&] { throw CorruptionError(corrupt_scratch, "", kScratchFile, 0); }, ErrorKind::kCorruption, corrupt_scratch},
+  };
+  for (const Case& test : cases) {
+    SCOPED_TRACE(test.what);
+    const ScratchDir dir;
+    save_steps_ten_and_twenty(dir.path());
+    CheckpointManager manager(dir.path());
+    auto swap = c10::make_intrusive<FailingStateful>();
+    swap->fails_in = test.fails_in;
+    swap->fail = test.fail;
+    StateDict state = state_of({{"w", torch::full({64}, -1.0)}, {"swap", as_ivalue(swap)}});
+    std::vector<SkippedCheckpoint> skipped;
+    try {
+      manager.restore(state, {}, &skipped);
+      ADD_FAILURE() << "restored past a Stateful that failed";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), test.kind);
+      EXPECT_EQ(e.what(), test.message);  // as raised
+    }
+    EXPECT_TRUE(skipped.empty());
+    EXPECT_EQ(swap->checks, 1);  // step 20's load alone: step 10 was not tried
+    // As dcp::load leaves it: a failed check changes nothing; load_state_dict comes
+    // after the other entries are filled.
+    const double w = test.fails_in == FailsIn::kCheck ? -1.0 : 20.0;
+    EXPECT_TRUE(torch::equal(state.at("w").toTensor(), torch::full({64}, w)));
+  }
+}
+
+// A newer checkpoint that cannot be read is skipped, and reported so, even when the
+// older one then fails for its state.
+TEST(DcpCheckpointManager, ACheckpointSkippedBeforeTheStateFailsIsReported) {
+  const ScratchDir dir;
+  save_steps_ten_and_twenty(dir.path());
+  CheckpointManager manager(dir.path());
+  truncate_metadata(manager.checkpoint_path(20));
+  auto swap = c10::make_intrusive<FailingStateful>();
+  swap->fails_in = FailingStateful::FailsIn::kCheck;
+  swap->fail = fail_to_create_the_scratch_file;
+  StateDict state = state_of({{"w", torch::full({64}, -1.0)}, {"swap", as_ivalue(swap)}});
+  std::vector<SkippedCheckpoint> skipped;
+  try {
+    manager.restore(state, {}, &skipped);
+    ADD_FAILURE() << "restored past a Stateful that failed";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.path(), kScratchFile);
+    EXPECT_EQ(e.what(), kCannotCreateScratch);
+  }
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_EQ(skipped[0].step, 20);
+  EXPECT_EQ(swap->checks, 1);  // step 10's: step 20's metadata failed before
+  EXPECT_TRUE(torch::equal(state.at("w").toTensor(), torch::full({64}, -1.0)));
+}
+
+// With a group, one rank's Stateful that fails fails the restore on every rank at once.
+TEST(DcpCheckpointManager, TwoRanksThrowTogetherWhenOneRanksStatefulFails) {
+  const ScratchDir dir;
+  save_steps_ten_and_twenty(dir.path());
+  stowage::testing::run_ranks(2, [&](const dist::ProcessGroup& group) {
+    CheckpointManager manager(dir.path(), {}, group);
+    auto swap = c10::make_intrusive<FailingStateful>();
+    if (group.rank() == 1) {
+      swap->fails_in = FailingStateful::FailsIn::kCheck;
+      swap->fail = fail_to_create_the_scratch_file;
+    }
+    StateDict state = state_of({{"w", torch::full({64}, -1.0)}, {"swap", as_ivalue(swap)}});
+    std::vector<SkippedCheckpoint> skipped;
+    try {
+      manager.restore(state, {}, &skipped);
+      ADD_FAILURE() << "restored past a Stateful that failed";
+    } catch (const DistributedCheckpointError& e) {
+      ASSERT_EQ(e.failures().size(), 1u);
+      const RankFailure& failure = e.failures().begin()->second;
+      EXPECT_EQ(e.failures().begin()->first, 1);
+      EXPECT_EQ(failure.kind, ErrorKind::kIo);
+      EXPECT_EQ(failure.path, kScratchFile);
+      EXPECT_THAT(e.what(), ::testing::Not(HasSubstr("none of the committed checkpoints")));
+    }
+    EXPECT_TRUE(skipped.empty());
+    EXPECT_EQ(swap->checks, 1);  // step 20's load alone
+    EXPECT_TRUE(torch::equal(state.at("w").toTensor(), torch::full({64}, -1.0)));
+  });
 }
 
 TEST(DcpCheckpointManager, TwoRanksFallBackTogetherWhenOneRanksFileIsCorrupt) {

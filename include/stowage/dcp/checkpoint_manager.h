@@ -49,7 +49,8 @@
 // the write, without a group) or by the next save(), poll() or wait() (the
 // DistributedCheckpointError of dcp::async_save). With a group every rank sees the same outcome
 // of each save (async_save's collectives), so every rank reaches the same verdict.
-// restore() falls back to older committed checkpoints past unreadable ones.
+// restore() falls back to older committed checkpoints past ones that cannot be read,
+// never for a failure of the state they are loaded into (see restore()).
 //
 // Preemption: on notice (dist::PreemptionNotice, agreed by every rank at a step
 // boundary) the loop calls save_now(step, state), which commits the current step before
@@ -94,7 +95,8 @@ struct CheckpointManagerOptions {
   // previous one to commit first).
   TORCH_ARG(AsyncSaveOptions, save_options) = {};
   // restore() loads the next older committed checkpoint when one cannot be read
-  // (corrupt, truncated, unreadable); false: it throws that checkpoint's error.
+  // (corrupt, truncated, missing, unreadable: see restore()); false: it throws that
+  // checkpoint's error.
   TORCH_ARG(bool, restore_falls_back) = true;
   TORCH_ARG(SaveFailurePolicy, on_save_failure) = SaveFailurePolicy::kContinue;
   // With kContinue: the failure that makes this many in a row is thrown rather than
@@ -177,12 +179,29 @@ class CheckpointManager {
   std::vector<SaveReport> wait();
 
   // Loads the newest committed checkpoint (rank 0's choice) into `state` with dcp::load
-  // and returns its step; nothing, and `state` unchanged, if there is none. One that
-  // cannot be read (CorruptionError or IoError on some rank) leaves `state` unchanged
-  // and, with restore_falls_back, the next older one is tried: each skipped is added to
+  // and returns its step; nothing, and `state` unchanged, if there is none.
+  //
+  // Falling back is for a checkpoint that cannot be read, never for a failure of the
+  // state it is loaded into. A checkpoint cannot be read when loading it fails on its
+  // own files: a CorruptionError whose file, or an IoError (NotFound included) whose
+  // path, is in the checkpoint's directory (its metadata or a data file missing,
+  // unreadable, truncated or corrupt); with a group, a DistributedCheckpointError whose
+  // failures are all such, so that every rank decides alike. dcp::load reads and
+  // verifies every byte before the first change, so `state` is then unchanged, and with
+  // restore_falls_back the next older checkpoint is tried: each skipped is added to
   // `skipped` (newest first), or warned about when `skipped` is null. If none can be
-  // read, the newest's error is thrown, prefixed with what was tried. Other errors
-  // (InvalidArgument: `state` does not match the checkpoint) are thrown at once.
+  // read, the newest's error is thrown, prefixed with what was tried.
+  //
+  // Any other failure is the state's, and is thrown at once, as raised (its message
+  // names what failed); its checkpoint is not reported as skipped, though the newer
+  // ones skipped before it are. Such are: InvalidArgument (`state` does not match the
+  // checkpoint), whatever a Stateful's state_dict(), check_load_state_dict() or
+  // load_state_dict() throws that is not about the checkpoint's files (e.g. an IoError
+  // on a scratch file of its own), an IoError on another path or on none, an
+  // out-of-memory error, and with a group an error of this rank alone (after the ranks
+  // agreed, in load_state_dict()). `state` is then as dcp::load leaves it: unchanged,
+  // unless a Stateful's load_state_dict() failed, which load calls after filling the
+  // other entries.
   std::optional<int64_t> restore(StateDict& state, LoadOptions options = {},
                                  std::vector<SkippedCheckpoint>* skipped = nullptr);
 
