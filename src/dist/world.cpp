@@ -19,8 +19,10 @@ World join_world(ProcessGroupOptions options) {
 }
 
 c10::Device rank_device(c10::Device device) {
+  if (device.is_cpu() || device.has_index()) return device;
   const char* local_rank = std::getenv("LOCAL_RANK");
-  if (device.is_cpu() || device.has_index() || local_rank == nullptr || *local_rank == '\0') return device;
+  // No launcher: a job of one process, on the first device.
+  if (local_rank == nullptr || *local_rank == '\0') return c10::Device(device.type(), 0);
   const std::string text(local_rank);
   if (text.find_first_not_of("0123456789") != std::string::npos || text.size() > 4) {
     throw InvalidArgument(fmt::format("LOCAL_RANK '{}' is not a rank's place on its node", text));

@@ -1,6 +1,6 @@
 // dist::join_world and dist::rank_device read the job from the environment as torchrun
-// sets it: a job of one has no group; an accelerator named without an index is the
-// rank's LOCAL_RANK one.
+// sets it: a job of one has no group; a device named without an index is the rank's
+// LOCAL_RANK one, or the first without LOCAL_RANK.
 
 #include <stowage/dist/world.h>
 #include <stowage/error.h>
@@ -11,6 +11,11 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <vector>
+
+#if defined(STOWAGE_WITH_SIM)
+#include <stowage/sim/sim.h>
+#endif
 
 namespace stowage::dist {
 namespace {
@@ -62,7 +67,7 @@ TEST(RankDevice, AnAcceleratorWithoutAnIndexIsTheLocalRanks) {
   EXPECT_EQ(rank_device(c10::Device("cpu")), c10::Device("cpu"));
   {
     const ScopedEnv unset("LOCAL_RANK", std::nullopt);
-    EXPECT_EQ(rank_device(c10::Device("cuda")), c10::Device("cuda"));
+    EXPECT_EQ(rank_device(c10::Device("cuda")), c10::Device("cuda:0"));
   }
   const ScopedEnv bad("LOCAL_RANK", "x1");
   try {
@@ -71,6 +76,36 @@ TEST(RankDevice, AnAcceleratorWithoutAnIndexIsTheLocalRanks) {
   } catch (const InvalidArgument& e) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("LOCAL_RANK 'x1'"));
   }
+}
+
+// Whatever the device type, with no device present: without LOCAL_RANK (a job of one
+// process) the first device, with it the rank's; always an index, but for the CPU.
+TEST(RankDevice, EveryDeviceTypeButTheCpuGetsAnIndex) {
+  std::vector<c10::DeviceType> types = {c10::kCUDA, c10::kXLA, c10::DeviceType::PrivateUse1};
+#if defined(STOWAGE_WITH_SIM)
+  sim::register_device();
+  EXPECT_EQ(c10::Device("sim").type(), c10::DeviceType::PrivateUse1);  // the simulator is PrivateUse1
+#endif
+  for (const c10::DeviceType type : types) {
+    SCOPED_TRACE(c10::DeviceTypeName(type));
+    {
+      const ScopedEnv unset("LOCAL_RANK", std::nullopt);
+      EXPECT_EQ(rank_device(c10::Device(type)), c10::Device(type, 0));
+    }
+    {
+      const ScopedEnv empty("LOCAL_RANK", "");
+      EXPECT_EQ(rank_device(c10::Device(type)), c10::Device(type, 0));
+    }
+    const ScopedEnv local_rank("LOCAL_RANK", "1");
+    EXPECT_EQ(rank_device(c10::Device(type)), c10::Device(type, 1));
+    EXPECT_EQ(rank_device(c10::Device(type, 0)), c10::Device(type, 0));
+  }
+  const ScopedEnv unset("LOCAL_RANK", std::nullopt);
+  EXPECT_EQ(rank_device(c10::Device("cpu")), c10::Device("cpu"));
+#if defined(STOWAGE_WITH_SIM)
+  EXPECT_EQ(rank_device(c10::Device("sim")), c10::Device("sim:0"));
+  EXPECT_EQ(rank_device(c10::Device("sim")).str(), "sim:0");
+#endif
 }
 
 }  // namespace

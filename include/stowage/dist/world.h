@@ -4,7 +4,7 @@
 // (WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), and each rank's device.
 //
 //   dist::World world = dist::join_world();        // a job of one: no group
-//   const c10::Device device = dist::rank_device(c10::Device("cuda"));  // cuda:LOCAL_RANK
+//   const c10::Device device = dist::rank_device(c10::Device("cuda"));  // cuda:LOCAL_RANK (or cuda:0)
 //   dist::GradientReducer reducer(params, *world.group);  // when world.group
 
 #include <stowage/dist/process_group.h>
@@ -28,10 +28,12 @@ struct World {
 // rendezvous).
 World join_world(ProcessGroupOptions options = {});
 
-// This rank's device for `device`: an accelerator named without an index ("cuda") is the
-// one of index LOCAL_RANK, one device per rank of a node, when the environment sets
-// LOCAL_RANK; any other device is `device` itself. Throws InvalidArgument naming a
-// LOCAL_RANK that is not a non-negative integer.
+// This rank's device for `device`, always with an index but for the CPU: a device of any
+// other type named without one ("cuda", "sim") is the one of index LOCAL_RANK, one
+// device per rank of a node, or of index 0 when the environment does not set LOCAL_RANK
+// (a job of one process); the CPU, and a device with an index, is `device` itself.
+// Needs no device present. Throws InvalidArgument naming a LOCAL_RANK that is not a
+// non-negative integer.
 c10::Device rank_device(c10::Device device);
 
 }  // namespace stowage::dist
