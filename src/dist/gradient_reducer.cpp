@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -29,6 +30,14 @@ struct Bucket {
   // without owners, and the buckets this rank owns); otherwise it is made when the first
   // gradient arrives and dropped once reduced.
   bool kept = true;
+  at::Tensor flat;
+};
+
+// The buffers of one device, their bytes side by side in one flat uint8 tensor there, so
+// that one broadcast carries them all, whatever their dtypes.
+struct BufferGroup {
+  std::vector<size_t> buffers;   // indices into the reducer's buffers
+  std::vector<int64_t> offsets;  // by slot: where its buffer's bytes start in `flat`
   at::Tensor flat;
 };
 
@@ -59,6 +68,7 @@ struct ParamShape {
 namespace {
 
 using detail::Bucket;
+using detail::BufferGroup;
 using detail::Misuse;
 using detail::ParamShape;
 
@@ -114,6 +124,34 @@ std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params, const st
   return buckets;
 }
 
+// Where each slot starts is a multiple of this, so that a slot can be viewed as any dtype.
+constexpr int64_t kBufferAlignment = 16;
+
+// The buffers grouped by device, in the order each device first appears.
+std::vector<BufferGroup> make_buffer_groups(const std::vector<at::Tensor>& buffers) {
+  std::vector<BufferGroup> groups;
+  std::vector<c10::Device> devices;
+  std::vector<int64_t> bytes;
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    if (!buffers[i].defined()) throw InvalidArgument(fmt::format("GradientReducer: buffer {} is undefined", i));
+    const auto device = std::find(devices.begin(), devices.end(), buffers[i].device());
+    const auto g = static_cast<size_t>(device - devices.begin());
+    if (device == devices.end()) {
+      devices.push_back(buffers[i].device());
+      groups.emplace_back();
+      bytes.push_back(0);
+    }
+    groups[g].buffers.push_back(i);
+    groups[g].offsets.push_back(bytes[g]);
+    const auto nbytes = static_cast<int64_t>(buffers[i].nbytes());
+    bytes[g] += (nbytes + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment;
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    groups[g].flat = at::empty({bytes[g]}, at::TensorOptions().dtype(at::kByte).device(devices[g]));
+  }
+  return groups;
+}
+
 // The name of the group the reducer's collectives run on: one per reducer made on
 // `group`, the same on every rank since each rank makes them in the same order.
 std::string reducer_group_name(const ProcessGroup& group) {
@@ -140,16 +178,23 @@ std::string misuse_message(Misuse misuse, int64_t param, int64_t rank) {
 // What the hooks, the communication thread and the methods share. The hooks run on the
 // backward's threads, the collectives on `worker`; `mutex` guards the fields below it.
 struct GradientReducer::State {
-  State(std::vector<at::Tensor> parameters, ProcessGroup reducer_group, GradientReducerOptions reducer_options)
-      : params(std::move(parameters)), group(std::move(reducer_group)), options(std::move(reducer_options)) {}
+  State(std::vector<at::Tensor> parameters, std::vector<at::Tensor> module_buffers, ProcessGroup reducer_group,
+        GradientReducerOptions reducer_options)
+      : params(std::move(parameters)),
+        buffers(std::move(module_buffers)),
+        group(std::move(reducer_group)),
+        options(std::move(reducer_options)) {}
 
   const std::vector<at::Tensor> params;
+  const std::vector<at::Tensor> buffers;
   const ProcessGroup group;
   const GradientReducerOptions options;
   std::vector<Bucket> buckets;
   std::vector<size_t> bucket_of;   // by parameter
   std::vector<size_t> slot_of;     // by parameter: its place in its bucket
   std::vector<ParamShape> shapes;  // by parameter: when the reducer was made
+  std::vector<BufferGroup> buffer_groups;
+  std::vector<ParamShape> buffer_shapes;  // by buffer: when the reducer was made
   // Each parameter's AccumulateGrad node (kept alive, as the parameter holds it weakly) and
   // the key of the hook on it.
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
@@ -222,6 +267,48 @@ struct GradientReducer::State {
       }
       if (!params[i].requires_grad()) {
         throw InvalidArgument(fmt::format("GradientReducer: parameter {} no longer requires grad", i));
+      }
+    }
+    check_buffers_unchanged();
+  }
+
+  void check_buffers_unchanged() const {
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      const ParamShape now(buffers[i]);
+      if (!(now == buffer_shapes[i])) {
+        throw InvalidArgument(fmt::format(
+            "GradientReducer: buffer {} changed from {} to {} since the reducer was made; make a new reducer", i,
+            buffer_shapes[i].str(), now.str()));
+      }
+    }
+  }
+
+  // The `slot`-th buffer of `group`'s place in its flat bytes, as the buffer's dtype and
+  // shape (contiguous).
+  at::Tensor buffer_slot(const BufferGroup& buffer_group, size_t slot) const {
+    const at::Tensor& buffer = buffers[buffer_group.buffers[slot]];
+    return buffer_group.flat.narrow(0, buffer_group.offsets[slot], static_cast<int64_t>(buffer.nbytes()))
+        .view(buffer.scalar_type())
+        .view(buffer.sizes());
+  }
+
+  // Rank 0's buffers into every rank's: one broadcast per device. REQUIRES: the worker is
+  // idle (no bucket in flight), so that the group's collectives stay in order.
+  void broadcast_buffers_now() {
+    const at::NoGradGuard no_grad;
+    const bool root = group.rank() == 0;
+    for (BufferGroup& buffer_group : buffer_groups) {
+      if (buffer_group.flat.numel() == 0) continue;
+      if (root) {
+        for (size_t k = 0; k < buffer_group.buffers.size(); ++k)
+          buffer_slot(buffer_group, k).copy_(buffers[buffer_group.buffers[k]]);
+      }
+      group.broadcast(buffer_group.flat, 0);
+      if (!root) {
+        for (size_t k = 0; k < buffer_group.buffers.size(); ++k) {
+          at::Tensor buffer = buffers[buffer_group.buffers[k]];
+          buffer.copy_(buffer_slot(buffer_group, k));
+        }
       }
     }
   }
@@ -360,15 +447,25 @@ struct GradientReducer::State {
 };
 
 GradientReducer::GradientReducer(std::vector<at::Tensor> params, const ProcessGroup& group,
-                                 GradientReducerOptions options) {
+                                 GradientReducerOptions options)
+    : GradientReducer(std::move(params), {}, group, std::move(options)) {}
+
+GradientReducer::GradientReducer(std::vector<at::Tensor> params, std::vector<at::Tensor> buffers,
+                                 const ProcessGroup& group, GradientReducerOptions options) {
   if (params.empty()) throw InvalidArgument("GradientReducer: no parameters");
   check_params(params);
   if (!(options.bucket_cap_mb() > 0)) {
     throw InvalidArgument(fmt::format("GradientReducer: bucket_cap_mb must be > 0, got {}", options.bucket_cap_mb()));
   }
   check_owners(options.gradient_owners(), params.size(), group.size());
-  state_ = std::make_shared<State>(std::move(params), group.new_group(reducer_group_name(group)), options);
+  std::vector<BufferGroup> buffer_groups = make_buffer_groups(buffers);
+  state_ = std::make_shared<State>(std::move(params), std::move(buffers), group.new_group(reducer_group_name(group)),
+                                   options);
   State& s = *state_;
+  s.buffer_groups = std::move(buffer_groups);
+  for (const at::Tensor& buffer : s.buffers) s.buffer_shapes.emplace_back(buffer);
+  // Before any hook is set: it may throw (a failed collective).
+  if (s.options.broadcast_buffers()) s.broadcast_buffers_now();
   s.buckets = make_buckets(s.params, s.options.gradient_owners(),
                            static_cast<int64_t>(options.bucket_cap_mb() * 1024 * 1024), group.rank());
   s.bucket_of.resize(s.params.size());
@@ -495,6 +592,23 @@ void GradientReducer::synchronize() {
       }
     }
   }
+  if (s.options.broadcast_buffers()) s.broadcast_buffers_now();
+}
+
+void GradientReducer::broadcast_buffers() {
+  State& s = *state_;
+  s.check_buffers_unchanged();
+  {
+    const std::lock_guard<std::mutex> lock(s.mutex);
+    const auto pending = std::find(s.arrived.begin(), s.arrived.end(), true);
+    if (pending != s.arrived.end()) {
+      throw InvalidArgument(fmt::format(
+          "GradientReducer: broadcast_buffers() between a backward and its synchronize() (parameter {} has its "
+          "gradient pending); call it before backward or after synchronize()",
+          pending - s.arrived.begin()));
+    }
+  }
+  s.broadcast_buffers_now();
 }
 
 std::vector<std::vector<size_t>> GradientReducer::buckets() const {

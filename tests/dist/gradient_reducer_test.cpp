@@ -2,9 +2,10 @@
 // synchronize() are the mean of every rank's, with the overlap and without, in buckets
 // of the cap, bit for bit what copying each gradient into a flat bucket gives; they are
 // views of the buckets; with gradient owners each rank keeps only its own; misuse, bad
-// parameters and parameters that change are refused by name.
+// parameters and parameters that change are refused by name; buffers become rank 0's.
 
 #include "process_groups.h"
+#include "test_device.h"
 
 #include <stowage/dist/gradient_reducer.h>
 #include <stowage/error.h>
@@ -424,6 +425,140 @@ TEST(GradientReducer, SparseGradientsAreReducedToo) {
             << "parameter " << i << (owners ? " with owners" : "") << (views ? "" : ", buckets a copy");
       }
     }
+  });
+}
+
+// A Linear and a BatchNorm1d, the same parameters on every rank, and the buffers: the
+// norm's (Float running statistics, a 0-dim Long count) and two of other dtypes and sizes
+// (neither a multiple of 16 bytes), on `extra_device`.
+struct NormModel {
+  torch::nn::Linear linear{4, 3};
+  torch::nn::BatchNorm1d norm{3};
+  std::vector<at::Tensor> extra;
+
+  explicit NormModel(int64_t rank, c10::Device extra_device = c10::kCPU) {
+    const at::NoGradGuard no_grad;
+    linear->weight.copy_((at::arange(12, at::kFloat).reshape({3, 4}) * 0.3).sin());
+    linear->bias.copy_(at::arange(3, at::kFloat) * 0.1);
+    // Each rank's own buffers from the start (a model initialised from each rank's seed).
+    norm->running_mean.fill_(static_cast<double>(rank));
+    extra.push_back(
+        at::full({5}, static_cast<double>(rank) + 0.5, at::TensorOptions(at::kDouble).device(extra_device)));
+    extra.push_back(at::full({3}, rank == 0, at::TensorOptions(at::kBool).device(extra_device)));
+  }
+  std::vector<at::Tensor> parameters() const {
+    std::vector<at::Tensor> params = linear->parameters();
+    for (const at::Tensor& p : norm->parameters()) params.push_back(p);
+    return params;
+  }
+  std::vector<at::Tensor> buffers() const {
+    std::vector<at::Tensor> buffers = norm->buffers();
+    buffers.insert(buffers.end(), extra.begin(), extra.end());
+    return buffers;
+  }
+  // A training forward on rank `rank`'s batch of step `step` (which updates the norm's
+  // statistics from that batch) and backward; the extra buffers change as the rank's own.
+  void step(int64_t rank, int64_t step) {
+    const at::Tensor x =
+        (at::arange(8 * 4, at::kFloat).reshape({8, 4}) * 0.1 + static_cast<double>(rank + 3 * step)).cos();
+    norm->forward(linear->forward(x)).pow(2).sum().backward();
+    const at::NoGradGuard no_grad;
+    extra[0].add_(static_cast<double>(rank + 1));
+  }
+};
+
+std::vector<at::Tensor> cpu_clones(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> clones;
+  clones.reserve(tensors.size());
+  for (const at::Tensor& t : tensors) clones.push_back(t.cpu().clone());
+  return clones;
+}
+
+// DDP's broadcast_buffers: the reducer makes every rank's buffers rank 0's, when made and
+// at each synchronize(); with the option off each rank keeps its own.
+TEST(GradientReducer, BuffersBecomeRankZerosWhenMadeAndAtEachSynchronizeUnlessTurnedOff) {
+  for (const bool broadcast : {true, false}) {
+    SCOPED_TRACE(broadcast ? "broadcast_buffers" : "broadcast_buffers(false)");
+    constexpr int64_t kSteps = 2;
+    // By rank, by moment (0: made, 1 + k: after step k's synchronize()): the buffers.
+    std::vector<std::vector<std::vector<at::Tensor>>> seen(2);
+    stowage::testing::run_ranks(2, [&](const ProcessGroup& group) {
+      NormModel model(group.rank());
+      GradientReducer reducer(model.parameters(), model.buffers(), group,
+                              GradientReducerOptions().broadcast_buffers(broadcast));
+      std::vector<std::vector<at::Tensor>>& mine = seen[static_cast<size_t>(group.rank())];
+      mine.push_back(cpu_clones(model.buffers()));
+      for (int64_t step = 0; step < kSteps; ++step) {
+        reducer.zero_grad();
+        model.step(group.rank(), step);
+        reducer.synchronize();
+        mine.push_back(cpu_clones(model.buffers()));
+      }
+    });
+    // What rank 0 alone holds: its own buffers, its own batches' statistics.
+    NormModel alone(0);
+    std::vector<std::vector<at::Tensor>> rank0 = {cpu_clones(alone.buffers())};
+    for (int64_t step = 0; step < kSteps; ++step) {
+      alone.step(0, step);
+      rank0.push_back(cpu_clones(alone.buffers()));
+    }
+    // Buffers 0 (the running mean), 3 and 4 (the extra ones) are each rank's own from the
+    // start; the running variance (1) from the first step; the count (2) is every rank's.
+    for (size_t moment = 0; moment <= kSteps; ++moment) {
+      for (size_t i = 0; i < rank0[moment].size(); ++i) {
+        EXPECT_TRUE(seen[0][moment][i].equal(rank0[moment][i])) << "rank 0, buffer " << i << ", moment " << moment;
+        const bool ranks_own = i == 0 || i >= 3 || (i == 1 && moment > 0);
+        EXPECT_EQ(seen[1][moment][i].equal(seen[0][moment][i]), broadcast || !ranks_own)
+            << "rank 1's buffer " << i << " at moment " << moment << ": " << seen[1][moment][i] << " rank 0's "
+            << seen[0][moment][i];
+      }
+    }
+  }
+}
+
+// Buffers on the test device (the simulated one, in a build against LibTorch 2.x) and on
+// the CPU: one broadcast for each device. Two ranks on one GPU cannot share NCCL.
+TEST(GradientReducer, BuffersOnTwoDevicesAreBroadcastOnEach) {
+  const c10::Device device = stowage::testing::test_device();
+  if (device.is_cuda()) GTEST_SKIP() << "two ranks in one process cannot share one GPU's NCCL";
+  std::vector<std::vector<at::Tensor>> seen(2);
+  stowage::testing::run_ranks(2, [&](const ProcessGroup& group) {
+    NormModel model(group.rank(), device);
+    GradientReducer reducer(model.parameters(), model.buffers(), group,
+                            GradientReducerOptions().broadcast_buffers(false));
+    reducer.zero_grad();
+    model.step(group.rank(), 0);
+    reducer.synchronize();
+    reducer.broadcast_buffers();  // by hand, with the option off
+    for (const at::Tensor& buffer : model.extra) EXPECT_EQ(buffer.device(), device);
+    seen[static_cast<size_t>(group.rank())] = cpu_clones(model.buffers());
+  });
+  for (size_t i = 0; i < seen[0].size(); ++i) EXPECT_TRUE(seen[1][i].equal(seen[0][i])) << "buffer " << i;
+  EXPECT_TRUE(seen[1][3].equal(at::full({5}, 1.5, at::kDouble))) << seen[1][3];
+}
+
+TEST(GradientReducer, BroadcastingBuffersMidStepOrChangedOnesIsRefusedByName) {
+  stowage::testing::run_ranks(1, [](const ProcessGroup& group) {
+    NormModel model(0);
+    GradientReducer reducer(model.parameters(), model.buffers(), group);
+    model.step(0, 0);
+    try {
+      reducer.broadcast_buffers();
+      ADD_FAILURE() << "broadcast the buffers while the buckets' collectives may run";
+    } catch (const InvalidArgument& e) {
+      EXPECT_THAT(e.what(), HasSubstr("broadcast_buffers() between a backward and its synchronize()"));
+    }
+    reducer.synchronize();
+    reducer.broadcast_buffers();
+    model.norm->running_var.set_data(at::ones({4}));
+    try {
+      reducer.broadcast_buffers();
+      ADD_FAILURE() << "accepted a buffer of another shape";
+    } catch (const InvalidArgument& e) {
+      EXPECT_THAT(e.what(), HasSubstr("buffer 1 changed from [3] Float on cpu to [4] Float on cpu"));
+    }
+    EXPECT_THROW(reducer.synchronize(), InvalidArgument);
+    EXPECT_THROW(GradientReducer(model.parameters(), {at::ones({2}), at::Tensor()}, group), InvalidArgument);
   });
 }
 

@@ -7,7 +7,7 @@
 // gradients, a communication thread reduces it while backward goes on with the earlier
 // layers.
 //
-//   dist::GradientReducer reducer(model->parameters(), group);
+//   dist::GradientReducer reducer(model->parameters(), model->buffers(), group);
 //   reducer.zero_grad(); loss.backward(); reducer.synchronize(); optimizer.step();
 //
 // Gradients held once (DDP's gradient_as_bucket_view): the buckets are the gradients'
@@ -36,19 +36,27 @@
 // Contract: each backward's gradients are summed into zeroed gradients (zero_grad()
 // before it) and synchronize() then leaves each parameter's gradient as the mean of those
 // over the ranks (with gradient_owners: on its owner; the other ranks' .grad() of it is
-// undefined). A parameter that got no gradient counts as zeros. The parameters must keep
-// the shape, dtype and device they had when the reducer was made (synchronize() and
-// zero_grad() throw InvalidArgument naming one that changed, e.g. by Module::to); the
-// reducer reduces the tensors it was given, so a model that registers new parameters
-// needs a new reducer. A parameter whose gradient arrives again after its bucket was sent
-// (used in two backward calls of one step, as reentrant checkpointing of a shared
-// parameter does), or a backward with create_graph=true (the buckets are data, they keep
-// no graph), makes synchronize() throw InvalidArgument on every rank, naming the parameter
-// and the rank it happened on, rather than average a partial gradient: each
-// synchronize() ends with a small all-reduce that lets every rank know. The gradients
-// are then meaningless until zero_grad().
-// A failed collective is rethrown by synchronize() (dist::CollectiveError); the group
-// is then out of step for good, as any failed group.
+// undefined); then, with buffers and options.broadcast_buffers(), it leaves every rank's
+// buffers equal to rank 0's. A parameter that got no gradient counts as zeros. The parameters and
+// buffers must keep the shape, dtype and device they had when the reducer was made
+// (synchronize(), zero_grad() and broadcast_buffers() throw InvalidArgument naming one that changed, e.g. by
+// Module::to); the reducer reduces the tensors it was given, so a model that registers new parameters needs a new
+// reducer. A parameter whose gradient arrives again after its bucket was sent (used in two backward calls of one step,
+// as reentrant checkpointing of a shared parameter does), or a backward with create_graph=true (the buckets are data,
+// they keep no graph), makes synchronize() throw InvalidArgument on every rank, naming the parameter and the rank it
+// happened on, rather than average a partial gradient: each synchronize() ends with a small all-reduce that lets every
+// rank know. The gradients are then meaningless until zero_grad(). A failed collective is rethrown by synchronize()
+// (dist::CollectiveError); the group is then out of step for good, as any failed group.
+//
+// Buffers (BatchNorm's running statistics): forward updates each rank's from its own
+// batch, so they drift apart, and a save then stores one rank's for all (dcp::save
+// refuses a replicated entry whose ranks hold different bytes). Given the module's
+// buffers, the reducer makes every rank's rank 0's, as DDP's broadcast_buffers does, in
+// one broadcast per device of all the buffers side by side (GradientReducerOptions::
+// broadcast_buffers): in the constructor and at the end of each synchronize(). The next
+// forward thus starts from rank 0's buffers, as under DDP (which broadcasts at the start
+// of each forward), and between steps, when a checkpoint is saved, every rank holds the
+// same buffers. The broadcast overwrites the buffers of ranks other than 0 in place.
 //
 // Thread safety: one thread calls the methods, never while a backward over the
 // parameters runs (on whatever thread); the hooks run on the backward's threads.
@@ -82,6 +90,10 @@ struct GradientReducerOptions {
   // reduction (DDP's gradient_as_bucket_view=False, PyTorch's default; stowage's before
   // the views), for comparison.
   TORCH_ARG(bool, gradient_as_bucket_view) = true;
+  // With buffers given: the constructor and each synchronize() copy rank 0's buffers into
+  // every rank's (see above). False: the buffers stay each rank's own, unless the caller
+  // calls broadcast_buffers() (DDP's broadcast_buffers=False).
+  TORCH_ARG(bool, broadcast_buffers) = true;
 };
 
 class GradientReducer {
@@ -91,6 +103,13 @@ class GradientReducer {
   // another dtype or device than the first, or an owner that is not a rank of `group`.
   // A gradient a parameter already has is kept (copied into its bucket, with views).
   GradientReducer(std::vector<at::Tensor> params, const ProcessGroup& group, GradientReducerOptions options = {});
+  // The same, and the module's buffers (e.g. model->buffers()), which the reducer keeps
+  // equal to rank 0's (see above); with options.broadcast_buffers() it broadcasts them
+  // once here. `buffers`: the same list, in the same order, on every rank, each of the
+  // same shape and dtype on every rank; any dtypes and devices. Throws InvalidArgument
+  // naming an undefined buffer.
+  GradientReducer(std::vector<at::Tensor> params, std::vector<at::Tensor> buffers, const ProcessGroup& group,
+                  GradientReducerOptions options = {});
   // Removes the hooks and stops the communication thread, after the bucket in flight.
   // The gradients stay (views of the buckets, which they keep alive).
   ~GradientReducer();
@@ -102,8 +121,17 @@ class GradientReducer {
   void zero_grad();
 
   // After each backward, on every rank: sends what the hooks have not sent yet, waits for
-  // every bucket, and leaves each gradient this rank keeps as its mean over the ranks.
+  // every bucket, and leaves each gradient this rank keeps as its mean over the ranks;
+  // then, with options.broadcast_buffers(), broadcasts the buffers (broadcast_buffers()).
   void synchronize();
+
+  // Copies rank 0's buffers into every rank's now, whatever options.broadcast_buffers()
+  // says (with it, synchronize() does this itself); nothing without buffers. Collective:
+  // every rank calls it. Throws InvalidArgument naming a buffer whose shape, dtype or
+  // device changed since the reducer was made.
+  // REQUIRES: not between a backward and its synchronize() (the buckets' collectives run
+  // on the same group); InvalidArgument otherwise.
+  void broadcast_buffers();
 
   // The parameters of each bucket (indices into `params`), in the order they are sent.
   std::vector<std::vector<size_t>> buckets() const;
