@@ -2,6 +2,7 @@
 #include <stowage/memory/host_buffer.h>
 #include <stowage/optim/partition.h>
 #include <stowage/optim/swap_optimizer.h>
+#include <stowage/state/optimizer_adapter.h>
 
 #include "optim/adam_update.h"
 #include "optim/disk_tier.h"
@@ -19,9 +20,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <type_traits>
-#include <unordered_set>
 
 namespace stowage::optim {
 
@@ -45,40 +44,24 @@ bool amsgrad_of(Family family, const torch::optim::OptimizerOptions& options) {
                                  : static_cast<const torch::optim::AdamWOptions&>(options).amsgrad();
 }
 
-// The optimizers a live SwapOptimizer wraps. Leaked: a wrapper may be destroyed during
-// static destruction.
-struct WrappedOptimizers {
-  std::mutex mutex;
-  std::unordered_set<const torch::optim::Optimizer*> optimizers;
-};
-
-WrappedOptimizers& wrapped_optimizers() {
-  static WrappedOptimizers* const wrapped = new WrappedOptimizers();
-  return *wrapped;
-}
-
 }  // namespace
 
 namespace detail {
 
 // Two wrappers of one optimizer would each rebind its states to their own host layout
-// and step them, so an optimizer is claimed by one wrapper for that wrapper's lifetime.
+// and step them, and a checkpoint through the optimizer itself would bypass the wrapper's
+// host layout, so an optimizer is claimed by one wrapper for that wrapper's lifetime
+// (state/optimizer_adapter.h; stowage::OptimizerState then refuses it).
 struct WrapClaim {
   explicit WrapClaim(const torch::optim::Optimizer& wrapped) : optimizer(&wrapped) {
-    WrappedOptimizers& registry = wrapped_optimizers();
-    std::lock_guard<std::mutex> lock(registry.mutex);
-    if (!registry.optimizers.insert(optimizer).second) {
-      throw InvalidArgument(fmt::format(
-          "swap_optimizer: this {} is already wrapped by a live SwapOptimizer; wrap an optimizer once and use that "
-          "wrapper (it can be wrapped again once that wrapper is destroyed)",
-          c10::demangle(typeid(wrapped).name())));
+    if (!claim_optimizer(wrapped, "SwapOptimizer")) {
+      throw InvalidArgument(
+          fmt::format("swap_optimizer: this {} is already wrapped by a live {}; wrap an optimizer once and use that "
+                      "wrapper (it can be wrapped again once that wrapper is destroyed)",
+                      c10::demangle(typeid(wrapped).name()), optimizer_claimant(wrapped)));
     }
   }
-  ~WrapClaim() {
-    WrappedOptimizers& registry = wrapped_optimizers();
-    std::lock_guard<std::mutex> lock(registry.mutex);
-    registry.optimizers.erase(optimizer);
-  }
+  ~WrapClaim() { release_optimizer_claim(*optimizer); }
   WrapClaim(const WrapClaim&) = delete;
   WrapClaim& operator=(const WrapClaim&) = delete;
 
@@ -254,10 +237,12 @@ void SwapOptimizer::Rep::check_steps_are_the_wrappers() const {
       if (step == left) continue;
       throw InvalidArgument(fmt::format(
           "Swap optimizer: parameter {} of param group {} is at step {}, but the SwapOptimizer left it at step {}: "
-          "{}; drive steps through the SwapOptimizer only",
+          "{}; drive steps and restores through the SwapOptimizer only",
           p, g, step, left,
-          step > left ? "the wrapped optimizer's own step() ran after wrapping"
-                      : "the wrapped optimizer's state was changed outside the SwapOptimizer"));
+          step > left ? "the wrapped optimizer's own step() ran after wrapping, or a state was loaded into it "
+                        "rather than into the SwapOptimizer"
+                      : "a state was loaded into the wrapped optimizer rather than into the SwapOptimizer, or its "
+                        "state was changed otherwise"));
     }
   }
 }

@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>
 
 #include <mutex>
+#include <unordered_map>
 
 namespace stowage {
 namespace {
@@ -133,6 +134,34 @@ class Registry {
   std::vector<std::shared_ptr<const OptimizerAdapter>> adapters_;  // adapters are never removed
 };
 
+// The optimizers a wrapper claims, with the wrapper's name. Leaked: a wrapper may end its
+// claim during static destruction.
+class Claims {
+ public:
+  static Claims& instance() {
+    static Claims* const claims = new Claims();
+    return *claims;
+  }
+
+  bool add(const torch::optim::Optimizer& optimizer, const std::string& wrapper) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return wrappers_.emplace(&optimizer, wrapper).second;
+  }
+  void remove(const torch::optim::Optimizer& optimizer) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    wrappers_.erase(&optimizer);
+  }
+  std::string wrapper_of(const torch::optim::Optimizer& optimizer) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = wrappers_.find(&optimizer);
+    return it == wrappers_.end() ? std::string() : it->second;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::unordered_map<const torch::optim::Optimizer*, std::string> wrappers_;
+};
+
 }  // namespace
 
 void register_optimizer_adapter(std::shared_ptr<const OptimizerAdapter> adapter) {
@@ -147,11 +176,33 @@ const OptimizerAdapter* find_optimizer_adapter(const torch::optim::Optimizer& op
 }
 
 const OptimizerAdapter& optimizer_adapter(const torch::optim::Optimizer& optimizer, const std::string& user) {
-  if (const OptimizerAdapter* adapter = find_optimizer_adapter(optimizer)) return *adapter;
-  throw InvalidArgument(
-      fmt::format("{} supports the optimizer types registered with register_optimizer_adapter ({}); "
-                  "got {}",
-                  user, fmt::join(Registry::instance().names(), ", "), c10::demangle(typeid(optimizer).name())));
+  const OptimizerAdapter* adapter = find_optimizer_adapter(optimizer);
+  if (adapter == nullptr) {
+    throw InvalidArgument(
+        fmt::format("{} supports the optimizer types registered with register_optimizer_adapter ({}); "
+                    "got {}",
+                    user, fmt::join(Registry::instance().names(), ", "), c10::demangle(typeid(optimizer).name())));
+  }
+  const std::string wrapper = optimizer_claimant(optimizer);
+  if (!wrapper.empty()) {
+    throw InvalidArgument(fmt::format(
+        "{}: this {} is wrapped by a live {}, which keeps its state; pass the {} to save and restore, not the "
+        "optimizer it wraps",
+        user, adapter->name(), wrapper, wrapper));
+  }
+  return *adapter;
+}
+
+bool claim_optimizer(const torch::optim::Optimizer& optimizer, const std::string& wrapper) {
+  return Claims::instance().add(optimizer, wrapper);
+}
+
+void release_optimizer_claim(const torch::optim::Optimizer& optimizer) {
+  Claims::instance().remove(optimizer);
+}
+
+std::string optimizer_claimant(const torch::optim::Optimizer& optimizer) {
+  return Claims::instance().wrapper_of(optimizer);
 }
 
 const OptimizerAdapter& adam_adapter() {

@@ -3,8 +3,10 @@
 
 #include <stowage/dcp/dcp.h>
 #include <stowage/error.h>
+#include <stowage/memory/accounting.h>
 
 #include "optim/swap_test_util.h"
+#include "test_device.h"
 
 #include <gmock/gmock.h>
 
@@ -211,6 +213,92 @@ TEST_P(SwapCheckpoint, ADcpLoadWithOtherParamGroupsFailsBeforeAnythingChanges) {
     EXPECT_EQ(target.at("step").toInt(), 0);
     EXPECT_EQ(fresh->state_dict().at("state").toGenericDict().size(), 0u);
   }
+  std::filesystem::remove_all(dir);
+}
+
+// A scratch directory for a checkpoint of this test process, removed by the caller.
+std::string checkpoint_dir(const std::string& name) {
+  const char* base = std::getenv("TMPDIR");
+  return std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/stowage-swap-" + name + "-" +
+         std::to_string(::getpid());
+}
+
+// Every tensor of an optimizer state dict copied to the CPU: unlike converted(), no alias
+// of the live states survives.
+StateDict copied(const StateDict& sd) {
+  auto per_param = c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& item : sd.at("state").toGenericDict()) {
+    auto entry = c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& field : item.value().toGenericDict()) {
+      entry.insert(field.key(),
+                   field.value().isTensor() ? c10::IValue(field.value().toTensor().cpu().clone()) : field.value());
+    }
+    per_param.insert(item.key(), entry);
+  }
+  StateDict out;
+  out.insert("state", per_param);
+  out.insert("param_groups", sd.at("param_groups"));
+  return out;
+}
+
+// The optimizer a SwapOptimizer wraps holds the swap's host buffers as its state, which only
+// the swap knows when to read: restored through the optimizer, every state went onto the
+// device under the wrapper (out of memory, or the swap's next step blamed the optimizer's own
+// step()). as_ivalue(optimizer) refuses it, for a restore and a save, naming the fix.
+TEST_P(SwapCheckpoint, TheWrappedOptimizerIsRefusedBeforeAnythingChanges) {
+  const c10::Device device = stowage::testing::test_device();
+  std::vector<torch::Tensor> params;
+  for (const auto& p : make_params(kSavedShapes)) params.push_back(p.detach().to(device).requires_grad_());
+  auto inner = amsgrad_adamw(params);
+  auto swap = swap_optimizer(inner, config());
+  const auto step = [&](int s) {
+    set_grads(params, s);
+    for (auto& p : params) p.mutable_grad() = p.grad().to(device);
+    swap->step();
+  };
+  step(0);
+  step(1);
+  const std::string dir = checkpoint_dir("wrapped-" + GetParam().name);
+  dcp::save(checkpoint_state(params, swap, 2), dir);
+  step(2);  // the live state is past the checkpoint's
+
+  memory::enable_accounting();
+  const auto params_before = clone_params(params);
+  const StateDict state_before = copied(swap->state_dict());
+  const int64_t device_bytes = memory::memory_allocated(device);
+  const std::string refusal =
+      "OptimizerState: this torch::optim::AdamW is wrapped by a live SwapOptimizer, which keeps its state; pass the "
+      "SwapOptimizer to save and restore, not the optimizer it wraps";
+  try {
+    StateDict target;
+    for (size_t i = 0; i < params.size(); ++i) target.insert("p" + std::to_string(i), params[i].detach());
+    target.insert("optim", as_ivalue(inner));
+    target.insert("step", int64_t{0});
+    dcp::load(target, dir);
+    ADD_FAILURE() << "restored into the optimizer a SwapOptimizer wraps";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(refusal));
+  }
+  EXPECT_EQ(memory::memory_allocated(device), device_bytes);
+  testing::expect_params_equal(params_before, params);
+  testing::expect_state_dicts_equal(state_before, swap->state_dict());
+
+  const std::string unsaved = checkpoint_dir("wrapped-save-" + GetParam().name);
+  try {
+    StateDict state;
+    state.insert("optim", as_ivalue(inner));
+    dcp::save(state, unsaved);
+    ADD_FAILURE() << "saved the optimizer a SwapOptimizer wraps";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(refusal));
+  }
+  EXPECT_FALSE(std::filesystem::exists(unsaved));
+
+  // Through the swap, the same checkpoint restores, and steps go on.
+  StateDict target = checkpoint_state(params, swap, 0);
+  dcp::load(target, dir);
+  EXPECT_EQ(target.at("step").toInt(), 2);
+  step(2);
   std::filesystem::remove_all(dir);
 }
 

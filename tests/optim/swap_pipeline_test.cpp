@@ -174,7 +174,8 @@ TEST_P(SwapPipeline, TheWrappedOptimizersOwnStepIsRejectedAtTheWrappersNextStep)
   const auto before = clone_params(params);
   expect_invalid([&] { swap->step(); },
                  "parameter 1 of param group 0 is at step 2, but the SwapOptimizer left it at step 1: the wrapped "
-                 "optimizer's own step() ran after wrapping; drive steps through the SwapOptimizer only");
+                 "optimizer's own step() ran after wrapping, or a state was loaded into it rather than into the "
+                 "SwapOptimizer; drive steps and restores through the SwapOptimizer only");
   testing::expect_params_equal(before, params);
   EXPECT_EQ(step_count(*inner, params[0]), 1);
   EXPECT_EQ(step_count(*inner, params[1]), 2);

@@ -141,6 +141,28 @@ TEST(OptimizerAdapterRegistry, AnUnregisteredTypeIsRefusedNamingItAndTheRegister
   EXPECT_THROW(register_optimizer_adapter(nullptr), InvalidArgument);
 }
 
+// A wrapper that keeps the optimizer's state (optim::SwapOptimizer) claims it: OptimizerState
+// refuses it for as long as the claim lives, naming the wrapper to pass instead.
+TEST(OptimizerAdapterRegistry, AClaimedOptimizerIsRefusedNamingItsWrapper) {
+  auto model = torch::nn::Linear(3, 2);
+  auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.1));
+  EXPECT_EQ(optimizer_claimant(*sgd), "");
+  ASSERT_TRUE(claim_optimizer(*sgd, "StateKeeper"));
+  EXPECT_FALSE(claim_optimizer(*sgd, "OtherKeeper"));
+  EXPECT_EQ(optimizer_claimant(*sgd), "StateKeeper");
+  try {
+    OptimizerState state(sgd);
+    ADD_FAILURE() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("OptimizerState: this torch::optim::SGD is wrapped by a live "
+                                               "StateKeeper, which keeps its state; pass the StateKeeper to save "
+                                               "and restore, not the optimizer it wraps"));
+  }
+  release_optimizer_claim(*sgd);
+  EXPECT_EQ(optimizer_claimant(*sgd), "");
+  EXPECT_NO_THROW(OptimizerState(sgd).state_dict());
+}
+
 TEST(OptimizerAdapterRegistry, ARegisteredUserOptimizerResumesBitForBit) {
   register_sign_descent();
   auto params = sign_descent_params();

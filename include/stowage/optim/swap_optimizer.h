@@ -43,7 +43,9 @@ class SwapOptimizer final : public Stateful {
   // the host (or disk) tier, blocking until they are there.
   // REQUIRES: `optimizer` is a torch::optim::Adam, AdamW or stowage::optim::MasterAdamW,
   // its parameters all on one device, and no live SwapOptimizer wraps it (each of these
-  // throws stowage::InvalidArgument otherwise).
+  // throws stowage::InvalidArgument otherwise). While the wrapper lives it claims the
+  // optimizer (state/optimizer_adapter.h): stowage::OptimizerState, and so
+  // as_ivalue(optimizer), refuses it, and checkpoints go through the wrapper.
   SwapOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, SwapOptimizerConfig config);
   ~SwapOptimizer() override;
 
@@ -58,7 +60,8 @@ class SwapOptimizer final : public Stateful {
   void zero_grad();
 
   // The wrapped optimizer: it keeps owning the param groups and the state objects, whose
-  // swapped tensors are the host buffers. Drive steps through the wrapper only.
+  // swapped tensors are the host buffers. Drive steps, saves and restores through the
+  // wrapper only.
   torch::optim::Optimizer& optimizer();
   std::vector<torch::optim::OptimizerParamGroup>& param_groups();
   const SwapOptimizerConfig& config() const;

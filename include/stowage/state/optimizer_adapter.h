@@ -66,9 +66,26 @@ void register_optimizer_adapter(std::shared_ptr<const OptimizerAdapter> adapter)
 
 // The adapter that serves `optimizer`, or null.
 const OptimizerAdapter* find_optimizer_adapter(const torch::optim::Optimizer& optimizer);
-// The adapter that serves `optimizer`; throws stowage::InvalidArgument naming its type and
-// the registered ones when none does. `user` starts the message ("OptimizerState").
+// The adapter through which `user` ("OptimizerState", which starts the messages) reads and
+// writes the state of `optimizer`. Throws stowage::InvalidArgument naming its type and the
+// registered ones when none serves it, and naming the wrapper to use instead when one
+// claims it (below).
 const OptimizerAdapter& optimizer_adapter(const torch::optim::Optimizer& optimizer, const std::string& user);
+
+// A wrapper that keeps an optimizer's state itself (optim::SwapOptimizer: in host buffers or
+// files, which only the wrapper knows when to read) claims the optimizer while it lives, so
+// that the state is saved and restored through the wrapper only: read through the optimizer,
+// it could be caught mid-copy; restored into it, it would land on the device, under the
+// wrapper. optimizer_adapter() refuses a claimed optimizer.
+//
+// Claims `optimizer` for `wrapper` (its name, for messages: "SwapOptimizer"); returns false,
+// changing nothing, when it is claimed already. Safe to call from any thread.
+bool claim_optimizer(const torch::optim::Optimizer& optimizer, const std::string& wrapper);
+// Ends the claim on `optimizer`.
+// REQUIRES: claim_optimizer(optimizer, ...) returned true and the claim has not ended.
+void release_optimizer_claim(const torch::optim::Optimizer& optimizer);
+// The name of the wrapper that claims `optimizer`, or "" when none does.
+std::string optimizer_claimant(const torch::optim::Optimizer& optimizer);
 
 // The adapters this module registers.
 const OptimizerAdapter& adam_adapter();
