@@ -4,12 +4,14 @@
 #include <stowage/dcp/planner.h>
 #include <stowage/error.h>
 
-#include <ATen/core/Tensor.h>
+#include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <unordered_map>
 
 namespace stowage::dcp {
@@ -194,21 +196,66 @@ GlobalSavePlan create_global_save_plan(std::vector<SavePlan> local_plans) {
   global.metadata.world_size = static_cast<int64_t>(local_plans.size());
   const EntryIndex entry_of = merge_entries(local_plans, global.metadata);
   drop_empty_boxes(local_plans, global.metadata, entry_of);
+  std::vector<std::pair<BoxKey, Offer>> offers = collect_offers(local_plans);
+  std::set<BoxKey> replicated;
+  for (const auto& [key, offer] : offers) {
+    if (offer.ranks.size() > 1) replicated.insert(key);
+  }
   // Each distinct tensor box is written once, by the rank chosen for it.
   const std::map<BoxKey, int64_t> writer_of =
-      choose_writers(collect_offers(local_plans), global.metadata, entry_of, local_plans.size());
-  for (SavePlan& plan : local_plans) {
+      choose_writers(std::move(offers), global.metadata, entry_of, local_plans.size());
+  global.replicas.resize(local_plans.size());
+  for (size_t r = 0; r < local_plans.size(); ++r) {
+    SavePlan& plan = local_plans[r];
     std::vector<WriteItem> kept;
     for (WriteItem& item : plan.items) {
-      if (item.kind == EntryKind::kTensor && writer_of.at({item.fqn, item.box.offsets}) == plan.rank) {
-        kept.push_back(std::move(item));
-      }
+      if (item.kind != EntryKind::kTensor) continue;
+      const BoxKey key(item.fqn, item.box.offsets);
+      if (replicated.count(key) != 0) global.replicas[r].push_back(item);
+      if (writer_of.at(key) == plan.rank) kept.push_back(std::move(item));
     }
     plan.items = std::move(kept);
   }
   global.plans = std::move(local_plans);
   global.metadata.index();
   return global;
+}
+
+std::vector<ReplicaHash> hash_replicas(const std::vector<WriteItem>& replicas, const std::vector<c10::IValue>& data,
+                                       int64_t rank) {
+  std::vector<ReplicaHash> hashes;
+  hashes.reserve(replicas.size());
+  for (const WriteItem& item : replicas) {
+    // The bytes a data file would hold: row-major, on the CPU, lazy conjugation and
+    // negation resolved.
+    const at::Tensor host = data.at(item.data_index).toTensor().resolve_conj().resolve_neg().cpu().contiguous();
+    const uint64_t hash = XXH3_64bits(host.data_ptr(), host.nbytes());
+    hashes.push_back(ReplicaHash{item.fqn, item.box.offsets, rank, hash});
+  }
+  return hashes;
+}
+
+void check_replicas_agree(const std::vector<std::vector<ReplicaHash>>& hashes_by_rank) {
+  std::map<BoxKey, const ReplicaHash*> lowest;  // each box's copy on the lowest rank that holds it
+  std::vector<std::pair<const ReplicaHash*, const ReplicaHash*>> differing;
+  for (const std::vector<ReplicaHash>& hashes : hashes_by_rank) {
+    for (const ReplicaHash& copy : hashes) {
+      const auto [first, inserted] = lowest.emplace(BoxKey(copy.fqn, copy.offsets), &copy);
+      if (!inserted && first->second->hash != copy.hash) differing.emplace_back(first->second, &copy);
+    }
+  }
+  if (differing.empty()) return;
+  const auto& [first, other] = differing.front();
+  const bool shard = std::any_of(first->offsets.begin(), first->offsets.end(), [](int64_t o) { return o != 0; });
+  throw InvalidArgument(fmt::format(
+      "checkpoint entry '{}'{} is replicated (ranks {} and {} both hold it, and only one copy is saved) but rank {}'s "
+      "bytes differ from rank {}'s (XXH3-64 {:016x} and {:016x}){}; make the ranks' copies agree before saving (e.g. "
+      "broadcast them from rank 0, as dist::GradientReducer does with buffers), or save each rank's under a name of "
+      "its own",
+      first->fqn, shard ? fmt::format(" (its box at offsets {})", describe_shape(first->offsets)) : "", first->rank,
+      other->rank, other->rank, first->rank, first->hash, other->hash,
+      differing.size() > 1 ? fmt::format(", and {} more copies of replicated boxes differ", differing.size() - 1)
+                           : ""));
 }
 
 void record_write_results(Metadata& metadata, const std::vector<std::vector<WriteResult>>& results_by_rank) {

@@ -109,8 +109,10 @@ Metadata run_distributed_save(const std::function<LocalSave()>& prepare, Storage
           for (const std::string& plan : encoded) plans.push_back(detail::decode_save_plan(plan));
           GlobalSavePlan global = create_global_save_plan(std::move(plans));
           global.metadata.save_id = detail::new_save_id();
-          for (const SavePlan& plan : writer.prepare_global_plan(std::move(global.plans), global.metadata)) {
-            plan_verdicts.push_back({detail::encode_save_plan(plan), {}});
+          const std::vector<SavePlan> final_plans =
+              writer.prepare_global_plan(std::move(global.plans), global.metadata);
+          for (size_t r = 0; r < final_plans.size(); ++r) {
+            plan_verdicts.push_back({detail::encode_assignment(final_plans[r], global.replicas.at(r)), {}});
           }
           metadata = std::move(global.metadata);
         } catch (...) {
@@ -122,19 +124,22 @@ Metadata run_distributed_save(const std::function<LocalSave()>& prepare, Storage
     const detail::Verdict my_plan = detail::scatter_verdicts(group, plan_verdicts, kCoordinator);
     step = "write";
 
-    // Write: every rank writes its part, unless planning failed anywhere.
+    // Write: every rank hashes its copies of replicated boxes (before the writer drops
+    // them) and writes its part, unless planning failed anywhere.
     const bool plan_failed = !my_plan.failures.empty();
     const detail::RankOutcome written =
         plan_failed ? detail::RankOutcome{"", detail::plain_failure("nothing written: planning failed")}
                     : detail::attempt([&] {
-                        const SavePlan plan = detail::decode_save_plan(my_plan.payload);
-                        return detail::encode_write_results(writer.write_data(plan, local.data));
+                        const detail::RankAssignment mine = detail::decode_assignment(my_plan.payload);
+                        const std::vector<ReplicaHash> hashes = hash_replicas(mine.replicas, local.data, rank);
+                        return detail::encode_writes(writer.write_data(mine.plan, local.data), hashes);
                       });
     const std::vector<detail::RankOutcome> gathered_results = detail::gather_outcomes(group, written, kCoordinator);
     verdict_pending = true;
     step = "commit";
 
-    // Commit: the coordinator records where every chunk went and commits.
+    // Commit: the coordinator checks that the replicated boxes' copies agree, records
+    // where every chunk went and commits.
     detail::Verdict commit_verdict;
     if (coordinator) {
       std::vector<std::string> encoded;
@@ -146,8 +151,15 @@ Metadata run_distributed_save(const std::function<LocalSave()>& prepare, Storage
       } else {
         try {
           std::vector<std::vector<WriteResult>> results;
+          std::vector<std::vector<ReplicaHash>> replica_hashes;
           results.reserve(encoded.size());
-          for (const std::string& result : encoded) results.push_back(detail::decode_write_results(result));
+          replica_hashes.reserve(encoded.size());
+          for (const std::string& bytes : encoded) {
+            detail::RankWrites writes = detail::decode_writes(bytes);
+            results.push_back(std::move(writes.results));
+            replica_hashes.push_back(std::move(writes.replica_hashes));
+          }
+          check_replicas_agree(replica_hashes);
           record_write_results(metadata, results);
           writer.finish(metadata);
           commit_verdict.payload = encode_metadata(metadata);

@@ -12,7 +12,22 @@ namespace stowage::dcp::detail {
 
 std::string encode_save_plan(const SavePlan& plan);
 SavePlan decode_save_plan(const std::string& bytes);
-std::string encode_write_results(const std::vector<WriteResult>& results);
-std::vector<WriteResult> decode_write_results(const std::string& bytes);
+
+// A rank's part of the global plan: what it writes, and its replicas to hash
+// (GlobalSavePlan::replicas).
+struct RankAssignment {
+  SavePlan plan;
+  std::vector<WriteItem> replicas;
+};
+std::string encode_assignment(const SavePlan& plan, const std::vector<WriteItem>& replicas);
+RankAssignment decode_assignment(const std::string& bytes);
+
+// What a rank reports after writing: where its chunks went, and its replicas' hashes.
+struct RankWrites {
+  std::vector<WriteResult> results;
+  std::vector<ReplicaHash> replica_hashes;
+};
+std::string encode_writes(const std::vector<WriteResult>& results, const std::vector<ReplicaHash>& replica_hashes);
+RankWrites decode_writes(const std::string& bytes);
 
 }  // namespace stowage::dcp::detail
