@@ -75,6 +75,13 @@ void check_costs(const std::vector<BlockCosts>& costs) {
   }
 }
 
+void check_fit_arguments(int64_t budget_bytes, const std::function<int64_t()>& measure_step_peak) {
+  if (budget_bytes <= 0) {
+    throw InvalidArgument(fmt::format("activation budget: {} bytes is no budget; give a positive size", budget_bytes));
+  }
+  if (!measure_step_peak) throw InvalidArgument("activation budget: measure_step_peak is empty");
+}
+
 }  // namespace
 
 const char* block_plan_name(BlockPlan plan) {
@@ -166,12 +173,21 @@ void apply_plan(torch::nn::Sequential& blocks, const std::vector<BlockPlan>& pla
 FittedPlan fit_activation_budget(torch::nn::Sequential& blocks, const at::Tensor& input, int64_t budget_bytes,
                                  const std::function<int64_t()>& measure_step_peak, const CheckpointOptions& options,
                                  int repeats) {
-  if (budget_bytes <= 0) {
-    throw InvalidArgument(fmt::format("activation budget: {} bytes is no budget; give a positive size", budget_bytes));
+  check_fit_arguments(budget_bytes, measure_step_peak);  // before the profile's time is spent
+  return fit_activation_budget(blocks, profile_blocks(blocks, input, repeats), budget_bytes, measure_step_peak,
+                               options);
+}
+
+FittedPlan fit_activation_budget(torch::nn::Sequential& blocks, std::vector<BlockCosts> costs, int64_t budget_bytes,
+                                 const std::function<int64_t()>& measure_step_peak, const CheckpointOptions& options) {
+  check_fit_arguments(budget_bytes, measure_step_peak);
+  if (costs.size() != blocks->size()) {
+    throw InvalidArgument(
+        fmt::format("activation budget: costs of {} blocks for a Sequential of {}", costs.size(), blocks->size()));
   }
-  if (!measure_step_peak) throw InvalidArgument("activation budget: measure_step_peak is empty");
+  check_costs(costs);
   FittedPlan fitted;
-  fitted.costs = profile_blocks(blocks, input, repeats);
+  fitted.costs = std::move(costs);
   int64_t kept_by_blocks = 0;
   for (const BlockCosts& block : fitted.costs) kept_by_blocks += block[static_cast<int>(BlockPlan::kKeep)].kept_bytes;
   const int64_t unplanned_peak = measure_step_peak();

@@ -101,5 +101,14 @@ struct FittedPlan {
 FittedPlan fit_activation_budget(torch::nn::Sequential& blocks, const at::Tensor& input, int64_t budget_bytes,
                                  const std::function<int64_t()>& measure_step_peak,
                                  const CheckpointOptions& options = {}, int repeats = 3);
+// The same over `costs` given rather than profiled: those of an earlier profile_blocks of
+// these blocks, to fit several budgets with one profile, or with the times replaced by the
+// caller's (the plans' bytes are still measured by measure_step_peak).
+// Throws InvalidArgument, as the other does, and when `costs` does not have one entry per
+// block, each with kKeep possible.
+// REQUIRES: `blocks` carries no checkpointing.
+FittedPlan fit_activation_budget(torch::nn::Sequential& blocks, std::vector<BlockCosts> costs, int64_t budget_bytes,
+                                 const std::function<int64_t()>& measure_step_peak,
+                                 const CheckpointOptions& options = {});
 
 }  // namespace stowage::activation
