@@ -49,6 +49,25 @@ StateDict model_state(int64_t rank, bool agree) {
   return state;
 }
 
+// The global plan lists, by rank, the boxes it holds that another rank holds too, written
+// by one of them or not; a box one rank holds alone is no replica.
+TEST(DcpReplicatedMismatch, TheGlobalPlanListsEachRanksCopiesOfReplicatedBoxes) {
+  std::vector<SavePlan> plans;
+  for (int64_t rank = 0; rank < 3; ++rank) {
+    StateDict state;
+    if (rank < 2) state.insert("shared", torch::ones({4}));
+    state.insert("own" + std::to_string(rank), torch::ones({2}));
+    plans.push_back(create_local_save_plan(flatten_state_dict(state), rank));
+  }
+  const GlobalSavePlan global = create_global_save_plan(plans);
+  ASSERT_EQ(global.replicas.size(), 3u);
+  for (size_t rank = 0; rank < 2; ++rank) {
+    ASSERT_EQ(global.replicas[rank].size(), 1u) << "rank " << rank;
+    EXPECT_EQ(global.replicas[rank][0].fqn, "shared");
+  }
+  EXPECT_TRUE(global.replicas[2].empty());
+}
+
 TEST(DcpReplicatedMismatch, AReplicatedEntryWhoseRanksDifferFailsTheSaveNamingItOnEveryRank) {
   const ScratchDir dir;
   const std::string checkpoint = dir.sub("ckpt");
