@@ -32,4 +32,7 @@
 #include <stowage/state/state_dict.h>
 #include <stowage/state/stateful.h>
 #include <stowage/state/training_progress.h>
+#include <stowage/train/events.h>
+#include <stowage/train/run_directory.h>
+#include <stowage/train/trainer.h>
 #include <stowage/version.h>

@@ -16,8 +16,8 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-StepReport a_step() {
-  StepReport r;
+train::StepRecord a_step() {
+  train::StepRecord r;
   r.step = 1234;
   r.total_steps = 100000;
   r.loss = 2.3456;

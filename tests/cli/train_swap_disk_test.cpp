@@ -33,7 +33,12 @@ TEST(TrainSwapDisk, BadSwapOptionsAreNamed) {
   EXPECT_THAT(budget_on_host.output, ::testing::HasSubstr("it needs --swap-to disk:DIR"));
   const auto missing_dir = train(dir, "--steps 1 --swap-to disk:/nonexistent/stowage");
   EXPECT_NE(missing_dir.status, 0);
-  EXPECT_THAT(missing_dir.output, ::testing::HasSubstr("swap_dir '/nonexistent/stowage' is not a directory"));
+  EXPECT_THAT(missing_dir.output,
+              ::testing::HasSubstr("--swap-to disk:/nonexistent/stowage: '/nonexistent/stowage' is not a directory"));
+  const auto no_swap = train(dir, "--steps 1 --swap-times 0 --swap-to disk:/tmp");
+  EXPECT_NE(no_swap.status, 0);
+  EXPECT_THAT(no_swap.output, ::testing::HasSubstr("--swap-to disk:/tmp needs --swap-times N > 0"));
+  EXPECT_FALSE(fs::exists(dir.path)) << "created " << dir.str();
 }
 
 }  // namespace

@@ -193,9 +193,9 @@ TEST(Train, BadInputsLeaveNoRunDirectoryBehind) {
            {"--recompute-segments 1 --selective-recompute mlp",
             "pass --recompute-segments 0 with --selective-recompute"},
            {"--recompute-segments 0 --offload-checkpoint-inputs", "but none are made"},
-           {"--activation-budget 64MiB", "and --recompute-segments chooses it too"},
-           {"--recompute-segments 0 --activation-budget 1KiB", "is below the smallest activation peak any plan"},
-           {"--recompute-segments 0 --activation-budget 0", "--activation-budget"}}) {
+           {"--activation-budget 64MiB --recompute-segments 2", "picks what to recompute and offload itself"},
+           {"--activation-budget 1KiB", "is below the smallest activation peak any plan"},
+           {"--activation-budget 0", "--activation-budget"}}) {
     SCOPED_TRACE(args);
     RunDir dir;
     const auto result = train(dir, "--steps 2 " + args);

@@ -29,8 +29,9 @@ RULES = {
     "dcp": {"dcp-api", "dcp/format", "dcp/storage", "state", "dist", "memory", "util"},
     "interop": {"dcp-api", "dcp/format", "dcp/storage", "util"},
     "optim": {"dist", "memory", "state", "util"},
+    "train": {"dcp-api", "dist", "optim", "activation", "state", "memory", "util"},
 }
-MODULES = {"util", "memory", "state", "dist", "activation", "sim", "dcp", "interop", "optim"}
+MODULES = {"util", "memory", "state", "dist", "activation", "sim", "dcp", "interop", "optim", "train"}
 # The old public paths of the interop headers, which forward to them for one release.
 FORWARDERS = {"include/stowage/dcp/torch_dcp_reader.h", "include/stowage/dcp/safetensors.h"}
 

@@ -11,12 +11,6 @@
 
 namespace stowage::cli {
 
-// How a preempted `stowage train` exits, its final checkpoint committed: EX_TEMPFAIL,
-// the job is not done and may be retried, which is what a scheduler that requeues
-// preempted jobs (Kubernetes' restart policy, torchelastic) needs to see. `launch` does
-// not stop the other ranks for it: they are ending the same preemption.
-inline constexpr int kPreemptedStatus = 75;
-
 void add_launch_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_ckpt_command(CLI::App& app);
@@ -35,6 +29,8 @@ void add_bench_capacity(CLI::App& bench);
 int launch_ranks(int nproc, int port, std::chrono::seconds grace, const std::vector<std::string>& command);
 // The absolute path of this executable, to start it again as ranks.
 std::string executable_path();
+// This process's command line, with executable_path() first: to start it again as ranks.
+std::vector<std::string> own_command_line();
 
 // The checkpoints folder of a `stowage train` run directory: <run_dir>/checkpoints.
 std::string checkpoints_dir(const std::string& run_dir);

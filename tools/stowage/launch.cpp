@@ -13,6 +13,7 @@
 #include "commands.h"
 
 #include <stowage/error.h>
+#include <stowage/dist/preemption.h>
 
 #include <fmt/format.h>
 
@@ -27,6 +28,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 #include <vector>
 
@@ -81,6 +83,15 @@ std::string executable_path() {
   return path.string();
 }
 
+std::vector<std::string> own_command_line() {
+  std::ifstream file("/proc/self/cmdline", std::ios::binary);
+  std::vector<std::string> args;
+  for (std::string arg; std::getline(file, arg, '\0');) args.push_back(arg);
+  if (args.empty()) throw Error("cannot read this process's command line (/proc/self/cmdline)");
+  args[0] = executable_path();
+  return args;
+}
+
 int launch_ranks(int nproc, int port, std::chrono::seconds grace, const std::vector<std::string>& command) {
   if (command.empty()) throw InvalidArgument("launch: no command given after --");
   if (port == 0) port = free_port();
@@ -131,7 +142,7 @@ int launch_ranks(int nproc, int port, std::chrono::seconds grace, const std::vec
         if (children[rank] != pid) continue;
         children[rank] = -1;
         if (result == 0) result = code;
-        if (code != 0 && code != kPreemptedStatus && !stopping) {
+        if (code != 0 && code != dist::kPreemptedStatus && !stopping) {
           fmt::print(stderr, "launch: rank {} exited with status {}; stopping the other ranks\n", rank, code);
           result = code;
           stopping = true;

@@ -18,8 +18,12 @@ int main(int argc, char** argv) {
   stowage::cli::add_bench_command(app);
   try {
     app.parse(argc, argv);
+  } catch (const CLI::RuntimeError& e) {  // a command's own status (train's 75), not an argument's
+    return e.get_exit_code();
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version exit 0; every bad argument 2, as a usage error (CLI11's own
+    // codes, 100 and up, would read as a command's status).
+    return app.exit(e) == 0 ? 0 : 2;
   } catch (const stowage::Error& e) {
     std::cerr << "stowage: " << e.what() << "\n";
     return 1;

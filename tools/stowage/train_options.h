@@ -44,6 +44,15 @@ struct TrainOptions {
   int64_t max_save_failures = 3;             // in a row, with "continue"; 0: no limit
   std::vector<std::string> preempt_signals{"TERM"};
   std::string preempt_grace = "0s";  // 0: no deadline
+  bool allow_config_change = false;  // resume a run with other --corpus, --batch, model sizes or --seed
 };
+
+// --swap-to disk:DIR's directory, or empty for host. Throws InvalidArgument naming the
+// flag for anything else.
+std::string swap_dir(const TrainOptions& options);
+
+// The checks of flags that depend on each other or on the machine, made once, before
+// any rank starts or anything is created: throws InvalidArgument naming the flags.
+void check_train_options(const TrainOptions& options, int64_t world_size);
 
 }  // namespace stowage::cli

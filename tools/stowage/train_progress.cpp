@@ -1,9 +1,10 @@
 #include "train_progress.h"
 
+#include <stowage/dist/preemption.h>
+
 #include <stowage/error.h>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include <sys/ioctl.h>
 #include <unistd.h>
@@ -40,7 +41,7 @@ int terminal_columns() {
 
 }  // namespace
 
-std::vector<ProgressField> progress_fields(const StepReport& r, const std::string& last_checkpoint) {
+std::vector<ProgressField> progress_fields(const train::StepRecord& r, const std::string& last_checkpoint) {
   constexpr int kBarWidth = 24;
   const int filled = r.total_steps > 0 ? static_cast<int>(kBarWidth * r.step / r.total_steps) : 0;
   std::vector<ProgressField> fields = {
@@ -83,11 +84,7 @@ std::string fit_progress_line(const std::vector<ProgressField>& fields, int colu
 }
 
 Progress::Progress(const std::string& metrics_path, bool interactive, int64_t log_every)
-    : metrics_(metrics_path, std::ios::app), interactive_(interactive), log_every_(log_every) {
-  if (!metrics_) {
-    throw Error(fmt::format("cannot open the metrics file '{}'", metrics_path));
-  }
-}
+    : metrics_(metrics_path), interactive_(interactive), log_every_(log_every) {}
 
 Progress::~Progress() {
   if (interactive_ && last_step_) {
@@ -95,23 +92,8 @@ Progress::~Progress() {
   }
 }
 
-void Progress::step(const StepReport& r) {
-  metrics_ << nlohmann::json{{"event", "step"},
-                             {"step", r.step},
-                             {"loss", r.loss},
-                             {"tokens_per_s", r.tokens_per_s},
-                             {"step_s", r.step_s},
-                             {"peak_activation_bytes", r.peak_activation_bytes},
-                             {"peak_step_bytes", r.peak_step_bytes},
-                             {"optimizer_resident_bytes", r.optimizer_resident_bytes},
-                             {"gradient_bytes", r.gradient_bytes},
-                             {"checkpoint_host_bytes", r.checkpoint_host_bytes},
-                             {"optimizer_host_bytes", r.optimizer_host_bytes}}
-                  .dump()
-           << '\n';
-  // Each record reaches the file as it is written, so that a run killed (SIGKILL, a
-  // crash) loses at most the line being written.
-  metrics_.flush();
+void Progress::step(const train::StepRecord& r) {
+  metrics_.step(r);
   last_step_ = r;
   if (interactive_) {
     draw();
@@ -126,31 +108,34 @@ void Progress::step(const StepReport& r) {
   }
 }
 
-void Progress::checkpoint(const CheckpointReport& r) {
+void Progress::checkpoint(const dcp::SaveReport& r) {
+  metrics_.checkpoint(r);
   if (!r.committed) {
-    metrics_
-        << nlohmann::json{{"event", "checkpoint_failed"}, {"step", r.step}, {"path", r.path}, {"error", r.error}}.dump()
-        << '\n';
-    metrics_.flush();
     warning(fmt::format("checkpoint step {} failed, training goes on: {}", r.step, r.error));
     return;
   }
   if (!r.error.empty()) warning(fmt::format("checkpoint step {} committed, but {}", r.step, r.error));
-  metrics_ << nlohmann::json{{"event", "checkpoint"},    {"step", r.step},
-                             {"staged_ms", r.staged_ms}, {"committed_gbps", r.committed_gbps},
-                             {"bytes", r.bytes},         {"path", r.path}}
-                  .dump()
-           << '\n';
-  metrics_.flush();
-  last_checkpoint_ =
-      fmt::format("ckpt@{} staged {:.0f} ms, committed {:.2f} GB/s", r.step, r.staged_ms, r.committed_gbps);
+  const double staged_ms = r.blocked_s * 1e3;
+  const double committed_gbps = r.commit_s > 0 ? static_cast<double>(r.bytes) / r.commit_s / 1e9 : 0.0;
+  last_checkpoint_ = fmt::format("ckpt@{} staged {:.0f} ms, committed {:.2f} GB/s", r.step, staged_ms, committed_gbps);
   if (interactive_) {
     draw();
   } else {
     fmt::print("checkpoint step {}: {} staged in {:.1f} ms, committed at {:.2f} GB/s -> {}\n", r.step,
-               format_bytes(r.bytes), r.staged_ms, r.committed_gbps, r.path);
+               format_bytes(r.bytes), staged_ms, committed_gbps, r.path);
     std::fflush(stdout);
   }
+}
+
+void Progress::end(const train::RunSummary& s) {
+  metrics_.end(s);
+  // Nothing trained (restore() said why), or preempted (the Trainer said so).
+  if (s.first_step > s.last_step || s.exit_status == dist::kPreemptedStatus) return;
+  message(fmt::format(
+      "done: steps {}-{} in {:.3f} s, loss {:.3f} -> {:.3f}, peak activations {}, between steps: optimizer state "
+      "{}, gradients {}; at peak: {} beyond the parameters",
+      s.first_step, s.last_step, s.seconds, s.first_loss, s.last_loss, format_bytes(s.peak_activation_bytes),
+      format_bytes(s.optimizer_resident_bytes), format_bytes(s.gradient_bytes), format_bytes(s.peak_step_bytes)));
 }
 
 void Progress::message(const std::string& text) {

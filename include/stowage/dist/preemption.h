@@ -37,6 +37,12 @@
 
 namespace stowage::dist {
 
+// How a preempted process exits, the step it ended on committed (train::Trainer::finish()
+// returns it): EX_TEMPFAIL, the job is not done and may be retried, which is what a
+// scheduler that requeues preempted jobs (Kubernetes' restart policy, torchelastic) needs
+// to see.
+inline constexpr int kPreemptedStatus = 75;
+
 struct PreemptionOptions {
   // The signals that give notice (SIGTERM, SIGUSR1, ...), each caught while the notice
   // lives. SIGKILL and SIGSTOP cannot be caught.

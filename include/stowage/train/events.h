@@ -1,0 +1,88 @@
+#pragma once
+
+// What a training run reports as it goes: each step's figures, each checkpoint that
+// ended, and lines for its user (a resume, a skipped checkpoint, a preemption). A
+// train::Trainer sends them, on rank 0 only, to the EventSink of its options; the
+// default is a MetricsFile, <run_dir>/metrics.jsonl. `stowage train` adds its progress
+// line on top of one.
+//
+// metrics.jsonl holds one JSON object a line, each written and flushed whole, so that a
+// killed run loses at most the line being written:
+//   {"event": "step", "step", "loss", "tokens_per_s", "step_s", "peak_activation_bytes",
+//    "peak_step_bytes", "optimizer_resident_bytes", "gradient_bytes",
+//    "checkpoint_host_bytes", "optimizer_host_bytes"}
+//   {"event": "checkpoint", "step", "staged_ms", "committed_gbps", "bytes", "path"}
+//   {"event": "checkpoint_failed", "step", "path", "error"}
+//   {"event": "end", "first_step", "last_step", "seconds", "first_loss", "last_loss",
+//    "peak_activation_bytes", "peak_step_bytes", "optimizer_resident_bytes",
+//    "gradient_bytes", "exit_status"}
+
+#include <stowage/dcp/checkpoint_manager.h>
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+namespace stowage::train {
+
+// One trained step, as measured on this rank (the loss: the mean over the ranks).
+struct StepRecord {
+  int64_t step = 0;
+  int64_t total_steps = 0;
+  double loss = 0;
+  double tokens_per_s = 0;               // TrainerOptions::tokens_per_step / step_s; 0 without it
+  double step_s = 0;                     // from the end of the step before: a save's blocking counts
+  int64_t peak_activation_bytes = 0;     // device bytes allocated during forward + backward, at peak
+  int64_t peak_step_bytes = 0;           // device bytes of the whole step beyond the parameters, at peak
+  int64_t optimizer_resident_bytes = 0;  // optimizer state in device memory between steps
+  int64_t gradient_bytes = 0;            // gradients in device memory between steps
+  int64_t checkpoint_host_bytes = 0;     // host buffers of checkpoint staging
+  int64_t optimizer_host_bytes = 0;      // host buffers of the optimizer's swapped states
+};
+
+// A run's end, as Trainer::finish() reports it.
+struct RunSummary {
+  int64_t first_step = 0;  // the first step this process trained; > last_step: none
+  int64_t last_step = 0;
+  double seconds = 0;
+  double first_loss = 0;
+  double last_loss = 0;
+  int64_t peak_activation_bytes = 0;  // the largest of any step
+  int64_t peak_step_bytes = 0;
+  int64_t optimizer_resident_bytes = 0;  // after the last step
+  int64_t gradient_bytes = 0;
+  int exit_status = 0;  // Trainer::finish()'s
+};
+
+class EventSink {
+ public:
+  virtual ~EventSink() = default;
+  virtual void step(const StepRecord& record) = 0;
+  // A save that ended: committed, or failed (report.error says why).
+  virtual void checkpoint(const dcp::SaveReport& report) = 0;
+  virtual void end(const RunSummary& summary) = 0;
+  // A line for the run's user; a warning is about something that went wrong.
+  virtual void message(const std::string& text) = 0;
+  virtual void warning(const std::string& text) = 0;
+};
+
+// metrics.jsonl: appends the records above to `path`; messages go to stdout, warnings to
+// stderr. Throws IoError when `path` cannot be opened for appending.
+class MetricsFile : public EventSink {
+ public:
+  explicit MetricsFile(const std::string& path);
+
+  void step(const StepRecord& record) override;
+  void checkpoint(const dcp::SaveReport& report) override;
+  void end(const RunSummary& summary) override;
+  void message(const std::string& text) override;
+  void warning(const std::string& text) override;
+
+ private:
+  void write(const std::string& line);
+
+  std::string path_;
+  std::ofstream file_;
+};
+
+}  // namespace stowage::train

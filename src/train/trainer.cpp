@@ -1,0 +1,405 @@
+#include <stowage/train/trainer.h>
+
+#include <stowage/dcp/filesystem.h>
+#include <stowage/dist/gradient_reducer.h>
+#include <stowage/error.h>
+#include <stowage/memory/accounting.h>
+#include <stowage/memory/host_buffer.h>
+#include <stowage/state/stateful.h>
+#include <stowage/state/training_progress.h>
+
+#include <ATen/ops/full.h>
+#include <fmt/format.h>
+#include <torch/nn/module.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <unordered_set>
+#include <vector>
+
+namespace stowage::train {
+namespace {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// "SIGTERM".
+std::string signal_name_of(int signal) {
+  const char* abbreviation = sigabbrev_np(signal);
+  return abbreviation != nullptr ? fmt::format("SIG{}", abbreviation) : fmt::format("signal {}", signal);
+}
+
+void check_options(const TrainerOptions& options) {
+  if (options.run_dir().empty()) throw InvalidArgument("TrainerOptions: run_dir is empty");
+  if (options.steps() < 1) {
+    throw InvalidArgument(fmt::format("TrainerOptions: steps must be at least 1, got {}", options.steps()));
+  }
+  if (options.zero_stage() != 1 && options.zero_stage() != 2) {
+    throw InvalidArgument(fmt::format("TrainerOptions: zero_stage must be 1 or 2, got {}", options.zero_stage()));
+  }
+  if (options.resume() && !options.resume_from().empty()) {
+    throw InvalidArgument(
+        fmt::format("TrainerOptions: resume and resume_from '{}' exclude each other", options.resume_from()));
+  }
+  if (options.tokens_per_step() < 0) {
+    throw InvalidArgument(
+        fmt::format("TrainerOptions: tokens_per_step must not be negative, got {}", options.tokens_per_step()));
+  }
+}
+
+// The bytes of the storages behind `tensors`, each counted once: a gradient that is a
+// view of the GradientReducer's bucket counts the bucket.
+int64_t storage_bytes(const std::vector<at::Tensor>& tensors) {
+  std::unordered_set<const void*> seen;
+  int64_t bytes = 0;
+  for (const auto& t : tensors) {
+    if (t.defined() && seen.insert(t.storage().unsafeGetStorageImpl()).second) {
+      bytes += static_cast<int64_t>(t.storage().nbytes());
+    }
+  }
+  return bytes;
+}
+
+}  // namespace
+
+struct Trainer::Rep {
+  explicit Rep(TrainerOptions options_in)
+      : options((check_options(options_in), std::move(options_in))),
+        notice(options.preemption()),
+        world(dist::join_world()),
+        device(dist::rank_device(options.device())) {}
+
+  void make_optimizer(const OptimizerFactory& make, at::Generator data);
+  void claim_run_directory();
+  int64_t restore_latest();
+  void start_from_other_checkpoint();
+  void measure_step(StepRecord& record);
+  void save_if_due(int64_t step);
+  void report(const std::vector<dcp::SaveReport>& saves);
+  void preempt(bool trained);
+  StateDict live_state();
+  void message(const std::string& text) const {
+    if (events) events->message(text);
+  }
+
+  TrainerOptions options;
+  // From the start, before the ranks meet: a notice during the rendezvous or the restore
+  // is kept for the first step boundary.
+  dist::PreemptionNotice notice;
+  dist::World world;
+  c10::Device device;
+  std::shared_ptr<EventSink> events;  // rank 0's
+  std::shared_ptr<torch::nn::Module> model;
+  c10::intrusive_ptr<optim::ZeroRedundancyOptimizer> optimizer;
+  std::unique_ptr<dist::GradientReducer> reducer;  // with a group
+  c10::intrusive_ptr<TrainingProgress> progress;
+  std::optional<dcp::CheckpointManager> checkpoints;
+
+  int64_t baseline_bytes = 0;  // the parameters and what came before them
+  int64_t before_forward_bytes = 0;
+  RunSummary summary;
+  bool trained_any = false;
+  std::optional<std::pair<int64_t, std::string>> last_save_error;  // its step and error
+  Clock::time_point run_start, last_step_end;
+  bool preempted = false;
+  bool finished = false;
+};
+
+void Trainer::Rep::make_optimizer(const OptimizerFactory& make, at::Generator data) {
+  baseline_bytes = memory::memory_allocated(device);
+  const std::vector<at::Tensor> params = model->parameters();
+  optim::ZeroRedundancyOptimizerOptions zero_options;
+  zero_options.swap(options.swap());
+  optimizer = c10::make_intrusive<optim::ZeroRedundancyOptimizer>(params, make, world.group, zero_options);
+  if (world.group) {
+    auto reducer_options = dist::GradientReducerOptions()
+                               .gradient_as_bucket_view(options.gradient_as_bucket_view())
+                               .broadcast_buffers(options.broadcast_buffers());
+    if (options.zero_stage() == 2) reducer_options.gradient_owners(optimizer->owners());
+    reducer = std::make_unique<dist::GradientReducer>(params, model->buffers(), *world.group, reducer_options);
+  }
+  progress = c10::make_intrusive<TrainingProgress>(std::move(data), std::vector<c10::Device>{device});
+}
+
+// Every rank checks the run directory (it reads only) and they agree on the verdict,
+// so that a refusal is every rank's error and none waits for the others in a collective.
+void Trainer::Rep::claim_run_directory() {
+  std::string refusal;
+  try {
+    check_run_directory(options.run_dir(), options.config(), options.resume(), options.allow_config_change());
+  } catch (const InvalidArgument& e) {
+    refusal = e.what();
+  }
+  if (world.group) {
+    for (const std::string& rank_refusal : world.group->all_gather(refusal)) {
+      if (!rank_refusal.empty()) {
+        refusal = rank_refusal;
+        break;
+      }
+    }
+  }
+  if (!refusal.empty()) throw InvalidArgument(refusal);
+  if (world.rank == 0) {
+    write_run_config(options.run_dir(), options.config());
+    const std::string metrics_path = (fs::path(options.run_dir()) / "metrics.jsonl").string();
+    events = options.events() ? options.events()(metrics_path) : std::make_shared<MetricsFile>(metrics_path);
+  }
+  checkpoints.emplace((fs::path(options.run_dir()) / "checkpoints").string(), options.checkpoints(), world.group);
+}
+
+// Everything a resumed run needs: model (parameters and buffers), optimizer (swapped
+// state included), and the progress (the step, every generator and with them the data
+// position). Across ranks, the optimizer states are each rank's own and everything else
+// is replicated (written once).
+StateDict Trainer::Rep::live_state() {
+  StateDict state;
+  state.insert("model", as_ivalue(model));
+  state.insert("optim", as_ivalue(c10::intrusive_ptr<Stateful>(optimizer)));
+  state.insert("progress", as_ivalue(progress));
+  return state;
+}
+
+// A committed checkpoint that cannot be read is skipped for the next older one, and
+// rank 0 says which were skipped and which one the run resumed from.
+int64_t Trainer::Rep::restore_latest() {
+  StateDict state = live_state();
+  std::vector<dcp::SkippedCheckpoint> skipped;
+  const auto report_skipped = [&] {
+    for (const dcp::SkippedCheckpoint& checkpoint : skipped) {
+      message(fmt::format("resume: skipped {}: {}", checkpoint.path, checkpoint.error));
+    }
+  };
+  std::optional<int64_t> step;
+  try {
+    step = checkpoints->restore(state, {}, &skipped);
+  } catch (...) {
+    report_skipped();  // none could be read: the error says so
+    throw;
+  }
+  report_skipped();
+  if (!step) {
+    message(fmt::format("resume: no committed checkpoint in {}: starting from step 0", checkpoints->directory()));
+  } else {
+    message(fmt::format("resume: from {} (step {})", checkpoints->checkpoint_path(*step), progress->step()));
+  }
+  return progress->step();
+}
+
+// A checkpoint a Trainer wrote (it holds the progress entries) gives everything
+// live_state() holds, checked strictly as a resume is; any other gives the model's
+// weights alone, with a fresh optimizer at step 0 (another optimizer's state is not
+// this one's).
+void Trainer::Rep::start_from_other_checkpoint() {
+  const std::string& path = options.resume_from();
+  const std::unique_ptr<dcp::StorageReader> reader = options.open_checkpoint()(path);
+  dcp::Metadata metadata = reader->read_metadata();
+  metadata.index();
+  const bool from_trainer = metadata.find("progress.step") != nullptr;
+  StateDict state = live_state();
+  if (!from_trainer) {
+    state.erase("optim");
+    state.erase("progress");
+  }
+  dcp::load(state, *reader, {}, world.group);
+  message(fmt::format("started from {} ({}) at step {}", path,
+                      from_trainer ? "model, optimizer and progress" : "model; a fresh optimizer", progress->step()));
+}
+
+void Trainer::Rep::report(const std::vector<dcp::SaveReport>& saves) {
+  for (const dcp::SaveReport& save : saves) {
+    // Every rank sees the same outcome of each save: every rank ends with the same status.
+    last_save_error.reset();
+    if (!save.committed) last_save_error.emplace(save.step, save.error);
+    if (events) events->checkpoint(save);
+  }
+}
+
+void Trainer::Rep::save_if_due(int64_t step) {
+  // The last step is saved too, so that a resumed run continues from where this one ended.
+  const bool last_step = options.checkpoints().save_every() > 0 && step == options.steps();
+  if (checkpoints->should_save(step) || last_step) checkpoints->save(step, live_state(), /*force=*/last_step);
+}
+
+// Ends a preempted run: saves the step it is on (unless the run has no checkpoints, or
+// no step was trained since the checkpoint it resumed from). Every rank gets here at the
+// same step (PreemptionNotice::agreed).
+void Trainer::Rep::preempt(bool trained) {
+  const std::string signal = signal_name_of(notice.signal_number());
+  const auto start = Clock::now();
+  std::string saved = "nothing to save: no step was trained";
+  if (trained && options.checkpoints().save_every() == 0) {
+    saved = "no checkpoint: the run saves none";
+  } else if (trained) {
+    message(fmt::format("{}: saving step {} before exiting", signal, progress->step()));
+    report(checkpoints->save_now(progress->step(), live_state()));
+    if (last_save_error) {
+      throw Error(fmt::format("{}: the checkpoint of step {} failed, the run ends without it: {}", signal,
+                              progress->step(), last_save_error->second));
+    }
+    saved = fmt::format("step {} committed in {:.3f} s", progress->step(), seconds_since(start));
+  }
+  // No rank exits before every rank is past the commit. Disarmed only then, so that a
+  // second signal or the grace deadline still ends a rank that waits for a dead one.
+  if (world.group) world.group->barrier();
+  notice.disarm();  // the job ends on its own terms now: a signal still to come is ignored
+  message(fmt::format("preempted by {} at step {}: {}; exiting with status {} (a resume continues)", signal,
+                      progress->step(), saved, dist::kPreemptedStatus));
+  preempted = true;
+}
+
+// The step's memory figures, after the update.
+void Trainer::Rep::measure_step(StepRecord& record) {
+  std::vector<at::Tensor> grads;
+  for (const auto& p : model->parameters()) grads.push_back(p.grad());
+  // With copies (gradient_as_bucket_view false), the reducer's buckets hold gradients too.
+  record.gradient_bytes =
+      storage_bytes(grads) + (reducer && !options.gradient_as_bucket_view() ? reducer->kept_bucket_bytes() : 0);
+  record.optimizer_resident_bytes = memory::memory_allocated(device) - baseline_bytes - record.gradient_bytes;
+  record.peak_step_bytes = memory::max_memory_allocated(device) - baseline_bytes;
+  const memory::HostBufferStats host = memory::host_buffer_stats();
+  record.checkpoint_host_bytes = host.checkpoint_bytes;
+  record.optimizer_host_bytes = host.optimizer_bytes;
+}
+
+Trainer::Trainer(TrainerOptions options) : rep_(std::make_unique<Rep>(std::move(options))) {
+  memory::enable_accounting();
+}
+
+Trainer::~Trainer() = default;
+
+const dist::World& Trainer::world() const {
+  return rep_->world;
+}
+
+c10::Device Trainer::device() const {
+  return rep_->device;
+}
+
+const TrainerOptions& Trainer::options() const {
+  return rep_->options;
+}
+
+optim::ZeroRedundancyOptimizer& Trainer::optimizer() {
+  TORCH_CHECK(rep_->optimizer, "Trainer::optimizer() before prepare()");
+  return *rep_->optimizer;
+}
+
+EventSink* Trainer::events() {
+  return rep_->events.get();
+}
+
+int64_t Trainer::step() const {
+  return rep_->progress ? rep_->progress->step() : 0;
+}
+
+void Trainer::prepare(std::shared_ptr<torch::nn::Module> model, const OptimizerFactory& make_optimizer,
+                      at::Generator data) {
+  Rep& r = *rep_;
+  if (r.model) throw InvalidArgument("Trainer::prepare: called twice");
+  if (!model) throw InvalidArgument("Trainer::prepare: no model");
+  for (const auto& p : model->parameters()) {
+    if (p.device() != r.device) {
+      throw InvalidArgument(fmt::format("Trainer::prepare: the model has a parameter on {}, not on the rank's {}",
+                                        p.device().str(), r.device.str()));
+    }
+  }
+  r.model = std::move(model);
+  r.make_optimizer(make_optimizer, std::move(data));
+  r.claim_run_directory();
+}
+
+int64_t Trainer::restore() {
+  Rep& r = *rep_;
+  if (!r.checkpoints) throw InvalidArgument("Trainer::restore: before prepare()");
+  if (r.options.resume()) r.restore_latest();
+  if (!r.options.resume_from().empty()) r.start_from_other_checkpoint();
+  r.summary.first_step = r.progress->step() + 1;
+  r.run_start = r.last_step_end = Clock::now();
+  if (r.notice.agreed(r.world.group)) {
+    r.preempt(/*trained=*/false);
+    return r.options.steps() + 1;
+  }
+  if (r.summary.first_step > r.options.steps()) {
+    r.message(fmt::format("nothing to do: the run is already at step {}", r.progress->step()));
+  }
+  return r.summary.first_step;
+}
+
+void Trainer::begin_step() {
+  Rep& r = *rep_;
+  if (!r.checkpoints) throw InvalidArgument("Trainer::begin_step: before prepare()");
+  if (r.reducer) {
+    r.reducer->zero_grad();  // in place: the gradients are views of its buckets
+  } else {
+    r.model->zero_grad();
+  }
+  memory::reset_peak_memory_stats(r.device);
+  r.before_forward_bytes = memory::memory_allocated(r.device);
+}
+
+bool Trainer::end_step(int64_t step, double loss) {
+  Rep& r = *rep_;
+  if (!r.checkpoints) throw InvalidArgument("Trainer::end_step: before prepare()");
+  if (step != r.progress->step() + 1 || r.preempted) {
+    throw InvalidArgument(fmt::format("Trainer::end_step: step {} is not the next one ({}){}", step,
+                                      r.progress->step() + 1, r.preempted ? ", and the run was preempted" : ""));
+  }
+  if (r.reducer) {
+    r.reducer->synchronize();  // the gradients averaged, rank 0's buffers everywhere
+    at::Tensor mean = at::full({1}, loss, at::kDouble);
+    r.world.group->all_reduce_sum(mean);
+    loss = mean.item<double>() / static_cast<double>(r.world.size);
+  }
+  StepRecord record;
+  record.step = step;
+  record.total_steps = r.options.steps();
+  record.loss = loss;
+  record.peak_activation_bytes = memory::max_memory_allocated(r.device) - r.before_forward_bytes;
+  // The snapshot of the last checkpoint must be complete before the update changes what
+  // it copies; staging overlapped with this step's forward and backward.
+  r.checkpoints->wait_for_staging();
+  r.optimizer->step();
+  r.progress->set_step(step);
+  const auto end = Clock::now();
+  record.step_s = std::chrono::duration<double>(end - r.last_step_end).count();
+  r.last_step_end = end;
+  if (r.options.tokens_per_step() > 0)
+    record.tokens_per_s = static_cast<double>(r.options.tokens_per_step()) / record.step_s;
+  r.measure_step(record);
+  r.save_if_due(step);
+  r.report(r.checkpoints->poll());
+  if (!r.trained_any) r.summary.first_loss = loss;
+  r.trained_any = true;
+  r.summary.last_step = step;
+  r.summary.last_loss = loss;
+  r.summary.peak_activation_bytes = std::max(r.summary.peak_activation_bytes, record.peak_activation_bytes);
+  r.summary.peak_step_bytes = std::max(r.summary.peak_step_bytes, record.peak_step_bytes);
+  r.summary.optimizer_resident_bytes = record.optimizer_resident_bytes;
+  r.summary.gradient_bytes = record.gradient_bytes;
+  if (r.events) r.events->step(record);
+  if (!r.notice.agreed(r.world.group)) return true;
+  r.preempt(/*trained=*/true);
+  return false;
+}
+
+int Trainer::finish() {
+  Rep& r = *rep_;
+  if (r.finished) return r.summary.exit_status;
+  r.finished = true;
+  if (r.checkpoints) r.report(r.checkpoints->wait());
+  r.summary.seconds = seconds_since(r.run_start);
+  if (!r.trained_any) r.summary.last_step = r.summary.first_step - 1;
+  r.summary.exit_status = r.preempted ? dist::kPreemptedStatus : r.last_save_error ? 1 : 0;
+  if (r.last_save_error && r.events) {
+    r.events->warning(
+        fmt::format("the last checkpoint (step {}) failed: {}", r.last_save_error->first, r.last_save_error->second));
+  }
+  if (r.events) r.events->end(r.summary);
+  return r.summary.exit_status;
+}
+
+}  // namespace stowage::train

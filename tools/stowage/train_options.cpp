@@ -1,0 +1,69 @@
+#include "train_options.h"
+
+#include <stowage/error.h>
+
+#include <fmt/format.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+
+namespace stowage::cli {
+namespace fs = std::filesystem;
+
+std::string swap_dir(const TrainOptions& options) {
+  const std::string prefix = "disk:";
+  if (options.swap_to == "host") return "";
+  if (options.swap_to.rfind(prefix, 0) == 0 && options.swap_to.size() > prefix.size()) {
+    return options.swap_to.substr(prefix.size());
+  }
+  throw InvalidArgument(fmt::format("--swap-to '{}': expected 'host' or 'disk:DIR'", options.swap_to));
+}
+
+void check_train_options(const TrainOptions& options, int64_t world_size) {
+  const auto refuse = [](const std::string& text) { throw InvalidArgument(text); };
+  if (options.batch % world_size != 0) {
+    refuse(fmt::format("--batch {} (the global batch) does not split evenly over {} ranks", options.batch, world_size));
+  }
+  if (options.recompute_segments > options.layers) {
+    refuse(fmt::format("--recompute-segments {} exceeds the {} transformer blocks", options.recompute_segments,
+                       options.layers));
+  }
+  const bool recompute = options.recompute_segments > 0 || !options.selective_recompute.empty();
+  if (options.offload_checkpoint_inputs && !recompute) {
+    refuse(
+        "--offload-checkpoint-inputs offloads the inputs of activation checkpoints, but none are made: pass "
+        "--recompute-segments N or --selective-recompute with it");
+  }
+  if (!options.activation_budget.empty() && (recompute || options.offload_checkpoint_inputs)) {
+    refuse(
+        fmt::format("--activation-budget {} picks what to recompute and offload itself: pass no "
+                    "--recompute-segments, --selective-recompute or --offload-checkpoint-inputs with it",
+                    options.activation_budget));
+  }
+  if (!options.selective_recompute.empty() && options.recompute_segments > 0) {
+    refuse(
+        fmt::format("--selective-recompute {} checkpoints part of each block and --recompute-segments {} whole "
+                    "blocks: pass --recompute-segments 0 with --selective-recompute",
+                    options.selective_recompute, options.recompute_segments));
+  }
+  const std::string dir = swap_dir(options);
+  if (!dir.empty() && options.swap_times == 0) refuse("--swap-to " + options.swap_to + " needs --swap-times N > 0");
+  if (!options.swap_host_budget.empty() && dir.empty()) {
+    refuse("--swap-host-budget " + options.swap_host_budget +
+           " bounds the disk tier's buffers: it needs "
+           "--swap-to disk:DIR");
+  }
+  if (!dir.empty() && (!fs::is_directory(dir) || access(dir.c_str(), W_OK | X_OK) != 0)) {
+    refuse(fmt::format("--swap-to {}: '{}' is not a directory this process can write to", options.swap_to, dir));
+  }
+  if (!options.resume_from.empty() && !fs::exists(options.resume_from)) {
+    refuse(fmt::format("--resume-from {}: no such checkpoint", options.resume_from));
+  }
+}
+
+std::string checkpoints_dir(const std::string& run_dir) {
+  return (fs::path(run_dir) / "checkpoints").string();
+}
+
+}  // namespace stowage::cli

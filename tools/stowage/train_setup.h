@@ -1,0 +1,35 @@
+#pragma once
+
+// What `stowage train` sets up around its model beyond what a train::Trainer does: the
+// activation checkpointing its flags pick, and the line that describes the run.
+
+#include "train_data.h"
+#include "train_model.h"
+#include "train_options.h"
+
+#include <stowage/train/trainer.h>
+
+#include <c10/core/Device.h>
+
+#include <string>
+
+namespace stowage::cli {
+
+// Applies --selective-recompute, or --activation-budget (planned on a batch of this
+// rank's size drawn apart from the training data, whose stream stays as without a
+// budget), to `model`; returns what was picked, for the banner: "2 segments",
+// "selective (mlp)", the budget's plan, or "off". --recompute-segments is applied in
+// the forward (run_blocks).
+// REQUIRES: before the Trainer's prepare() (the gradient reducer's hooks would make
+// collectives of passes whose number each rank decides alone).
+std::string configure_activation_checkpointing(LanguageModel& model, const TrainOptions& options, const Corpus& corpus,
+                                               c10::Device device, int64_t ranks);
+
+// Runs the block stack as --recompute-segments and --offload-checkpoint-inputs say.
+torch::Tensor run_blocks(const TrainOptions& options, torch::nn::Sequential& blocks, const torch::Tensor& x);
+
+// "training a 4-layer byte-level transformer (0.87M parameters) on ...".
+std::string describe_run(const TrainOptions& options, LanguageModel& model, const Corpus& corpus,
+                         const std::string& activation_checkpointing, train::Trainer& trainer);
+
+}  // namespace stowage::cli
