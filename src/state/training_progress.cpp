@@ -2,7 +2,9 @@
 #include <stowage/state/training_progress.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
+#include <c10/core/DeviceType.h>
 #include <fmt/format.h>
 
 #include <string>
@@ -31,9 +33,22 @@ void check_generator_state(const StateDict& state, const char* key, const at::Te
 
 }  // namespace
 
-TrainingProgress::TrainingProgress(at::Generator data) : data_(std::move(data)) {
+TrainingProgress::TrainingProgress(at::Generator data, const std::vector<c10::Device>& devices)
+    : data_(std::move(data)) {
   if (!data_.defined() || data_.device().type() != c10::DeviceType::CPU) {
     throw InvalidArgument("TrainingProgress: the data generator must be a CPU generator");
+  }
+  for (const c10::Device& device : devices) {
+    if (device.is_cpu()) continue;
+    const std::string key = "device_rng_" + c10::DeviceTypeName(device.type(), /*lower_case=*/true);
+    for (const DeviceGenerator& kept : devices_) {
+      if (kept.key == key) {
+        throw InvalidArgument(fmt::format(
+            "TrainingProgress: two devices of type {} ({}, and another); a process keeps one device of a type",
+            c10::DeviceTypeName(device.type(), true), device.str()));
+      }
+    }
+    devices_.push_back({key, at::globalContext().defaultGenerator(device)});
   }
 }
 
@@ -42,6 +57,7 @@ StateDict TrainingProgress::state_dict() {
   state.insert("step", step_);
   state.insert("data_rng", data_.get_state());
   state.insert("torch_rng", default_cpu_generator().get_state());
+  for (const DeviceGenerator& device : devices_) state.insert(device.key, device.generator.get_state());
   return state;
 }
 
@@ -51,12 +67,16 @@ void TrainingProgress::check_load_state_dict(const StateDict& state) {
   }
   check_generator_state(state, "data_rng", data_.get_state());
   check_generator_state(state, "torch_rng", default_cpu_generator().get_state());
+  for (const DeviceGenerator& device : devices_) {
+    check_generator_state(state, device.key.c_str(), device.generator.get_state());
+  }
 }
 
 void TrainingProgress::load_state_dict(const StateDict& state) {
   check_load_state_dict(state);
   data_.set_state(state.at("data_rng").toTensor());
   default_cpu_generator().set_state(state.at("torch_rng").toTensor());
+  for (DeviceGenerator& device : devices_) device.generator.set_state(state.at(device.key).toTensor());
   step_ = state.at("step").toInt();
 }
 

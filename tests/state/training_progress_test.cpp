@@ -3,12 +3,14 @@
 // drawn; a state it cannot take is refused by name and changes nothing.
 
 #include "dcp/test_util.h"
+#include "test_device.h"
 
 #include <stowage/dcp/checkpoint.h>
 #include <stowage/error.h>
 #include <stowage/state/training_progress.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -100,6 +102,36 @@ TEST(TrainingProgress, AStateItCannotTakeIsRefusedByNameAndChangesNothing) {
     }
   }
   EXPECT_THROW(TrainingProgress{at::Generator()}, InvalidArgument);
+}
+
+// Dropout on a device draws from the device's generator: a resume that restores only the
+// CPU's drops other activations (a user's loop on sim resumed to other parameters).
+TEST(TrainingProgress, KeepsTheGeneratorOfTheDeviceTheLoopRunsOn) {
+  const c10::Device device = testing::test_device();
+  if (device.is_cpu()) GTEST_SKIP() << "no device in this build: the CPU generator is tested above";
+  torch::manual_seed(19);
+  at::Generator data = at::make_generator<at::CPUGeneratorImpl>(23);
+  const auto progress = c10::make_intrusive<TrainingProgress>(data, std::vector<c10::Device>{device});
+  const auto dropout_mask = [&] { return at::dropout(at::ones({64}, at::TensorOptions(device)), 0.5, true).cpu(); };
+  dropout_mask();
+  const StateDict saved = progress->state_dict();
+  EXPECT_TRUE(saved.contains("device_rng_" + c10::DeviceTypeName(device.type(), true)));
+  const at::Tensor next = dropout_mask();
+  dropout_mask();
+  progress->load_state_dict(saved);
+  EXPECT_TRUE(dropout_mask().equal(next));
+}
+
+TEST(TrainingProgress, RefusesTwoDevicesOfOneType) {
+  const c10::Device device = testing::test_device();
+  if (device.is_cpu()) GTEST_SKIP() << "no device in this build";
+  at::Generator data = at::make_generator<at::CPUGeneratorImpl>(29);
+  try {
+    TrainingProgress progress(data, {device, device});
+    ADD_FAILURE() << "took two devices of one type";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("two devices of type"));
+  }
 }
 
 }  // namespace
