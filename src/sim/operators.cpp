@@ -9,7 +9,8 @@
 
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
-#include <ATen/native/CPUFallback.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_copy_from_and_resize.h>
 #include <ATen/ops/_local_scalar_dense_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
@@ -19,9 +20,12 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <chrono>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace stowage::sim::detail {
 namespace {
@@ -203,6 +207,146 @@ void for_each_sim_tensor(const c10::IValue& value, const Visit& visit) {
   }
 }
 
+bool marked_written(const c10::Argument& argument) {
+  return argument.alias_info() != nullptr && argument.alias_info()->isWrite();
+}
+
+// Whether the op writes argument `index` of the `arguments` on the stack: marked so in its
+// schema (Tensor(a!)), or written though unmarked. The unmarked writes of ATen's kernels
+// (PyTorch's own list is torch::utils::SchemaInfo's "training ops"; the others there are
+// composite or CUDA-only and never reach the simulator): batch norm's running statistics,
+// which native_batch_norm updates in training and batch_norm_update_stats always.
+bool writes_argument(const c10::FunctionSchema& schema, size_t index, c10::ArrayRef<c10::IValue> arguments) {
+  const c10::Argument& argument = schema.arguments()[index];
+  if (marked_written(argument)) return true;
+  if (argument.name() != "running_mean" && argument.name() != "running_var") return false;
+  if (schema.name() == "aten::batch_norm_update_stats") return true;
+  if (schema.name() != "aten::native_batch_norm") return false;
+  const std::optional<int> training = schema.argumentIndexWithName("training");
+  return training.has_value() && arguments[*training].toBool();
+}
+
+// A CPU tensor to stand in for `tensor`: no bytes to share when it has none.
+at::Tensor empty_host_tensor(const at::Tensor& tensor) {
+  return at::empty_strided(tensor.sizes(), tensor.strides(), tensor.options().device(c10::kCPU));
+}
+
+// A device tensor over the bytes of `view`, a CPU tensor that shares the storage of
+// host_view(device_tensor) (whose storage begins at device_tensor's first element): what
+// the CPU kernel returned as a view of its argument is a view of the device tensor, as it
+// would be on a device.
+at::Tensor device_alias(const at::Tensor& device_tensor, const at::Tensor& view) {
+  const int64_t byte_offset = device_tensor.storage_offset() * static_cast<int64_t>(device_tensor.itemsize()) +
+                              view.storage_offset() * static_cast<int64_t>(view.itemsize());
+  TORCH_INTERNAL_ASSERT(byte_offset % static_cast<int64_t>(view.itemsize()) == 0,
+                        "sim: a returned view starts inside an element");
+  at::Tensor alias = at::detail::make_tensor<c10::TensorImpl>(
+      c10::TensorImpl::VIEW, c10::Storage(device_tensor.storage()), device_tensor.key_set(), view.dtype());
+  alias.unsafeGetTensorImpl()->set_sizes_and_strides(view.sizes(), view.strides(),
+                                                     byte_offset / static_cast<int64_t>(view.itemsize()));
+  alias._set_conj(view.is_conj());
+  alias._set_neg(view.is_neg());
+  return alias;
+}
+
+// One op run by its CPU kernel on device memory. Each device tensor argument becomes a CPU
+// view of its own bytes (sim memory is host memory), so that every write of the kernel
+// lands on the device, whether the schema marks it or not (at::native::cpu_fallback ran
+// the kernel on copies and copied back only the marked ones, losing, e.g., batch norm's
+// running statistics). Arguments the schema marks written are the exception: the kernel
+// may resize them (out= variants), which a view over fixed bytes cannot be, so they run on
+// CPU copies that are copied back, resized, as cpu_fallback does.
+class HostRun {
+ public:
+  HostRun(const c10::FunctionSchema& schema, torch::jit::Stack* stack) : schema_(schema), stack_(*stack) {}
+
+  void run(const c10::OperatorHandle& op) {
+    const size_t first = stack_.size() - schema_.arguments().size();
+    for (size_t i = 0; i < schema_.arguments().size(); ++i) {
+      replace_argument(stack_[first + i], marked_written(schema_.arguments()[i]));
+    }
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack_);
+    for (const StandIn& stand_in : stand_ins_) {
+      if (stand_in.written_copy) at::_copy_from_and_resize(stand_in.host, stand_in.device);
+    }
+    for (size_t i = stack_.size() - schema_.returns().size(); i < stack_.size(); ++i) replace_result(stack_[i]);
+  }
+
+ private:
+  struct StandIn {
+    at::Tensor device;
+    at::Tensor host;
+    bool written_copy;  // host is a copy the kernel writes, to be copied back
+    bool shares_bytes;  // host is a view of device's bytes
+  };
+
+  void replace_argument(c10::IValue& value, bool written) {
+    if (value.isTensor()) {
+      if (on_sim(value.toTensor())) value = stand_in_for(value.toTensor(), written);
+    } else if (value.isList()) {
+      c10::List<c10::IValue> list = value.toList().copy();  // keeps the element type
+      bool replaced = false;
+      for (size_t j = 0; j < list.size(); ++j) {
+        const c10::IValue element = list.get(j);
+        if (element.isTensor() && on_sim(element.toTensor())) {
+          list.set(j, stand_in_for(element.toTensor(), written));
+          replaced = true;
+        }
+      }
+      if (replaced) value = c10::IValue(std::move(list));
+    } else if (value.isDevice() && value.toDevice().type() == c10::DeviceType::PrivateUse1) {
+      device_argument_ = value.toDevice();  // a factory's: its results go there
+      value = c10::IValue(c10::Device(c10::kCPU));
+    }
+  }
+
+  at::Tensor stand_in_for(const at::Tensor& tensor, bool written) {
+    if (!first_tensor_device_) first_tensor_device_ = tensor.device();
+    const bool has_bytes = tensor.numel() > 0;
+    at::Tensor host = !has_bytes ? empty_host_tensor(tensor) : written ? host_view(tensor).clone() : host_view(tensor);
+    stand_ins_.push_back({tensor, host, written, has_bytes && !written});
+    return host;
+  }
+
+  void replace_result(c10::IValue& value) {
+    if (value.isTensor()) {
+      value = to_device(value.toTensor());
+    } else if (value.isList()) {
+      const auto elements = value.toListRef();
+      if (std::none_of(elements.begin(), elements.end(), [](const c10::IValue& e) { return e.isTensor(); })) return;
+      c10::List<c10::IValue> list = value.toList().copy();
+      for (size_t j = 0; j < list.size(); ++j) {
+        const c10::IValue element = list.get(j);
+        if (element.isTensor()) list.set(j, to_device(element.toTensor()));
+      }
+      value = c10::IValue(std::move(list));
+    }
+  }
+
+  // The device tensor for a result: an argument returned (an in-place op's self) is the
+  // device argument itself; a view of an argument's bytes is a view of the device
+  // tensor; a new tensor is copied to the device.
+  at::Tensor to_device(const at::Tensor& result) {
+    if (!result.defined() || on_sim(result)) return result;
+    for (const StandIn& stand_in : stand_ins_) {
+      if (result.unsafeGetTensorImpl() == stand_in.host.unsafeGetTensorImpl()) return stand_in.device;
+    }
+    for (const StandIn& stand_in : stand_ins_) {
+      if (stand_in.shares_bytes && result.storage().is_alias_of(stand_in.host.storage())) {
+        return device_alias(stand_in.device, result);
+      }
+    }
+    const std::optional<c10::Device> target = device_argument_ ? device_argument_ : first_tensor_device_;
+    return target ? result.to(*target) : result;
+  }
+
+  const c10::FunctionSchema& schema_;
+  torch::jit::Stack& stack_;
+  std::vector<StandIn> stand_ins_;
+  std::optional<c10::Device> device_argument_;
+  std::optional<c10::Device> first_tensor_device_;
+};
+
 // Every op without a kernel of its own: run on the calling thread by its CPU kernel,
 // after the work queued on the current stream of each device it touches, unless a queued
 // copy on another stream still uses its tensors. Random ops draw from the device's
@@ -212,10 +356,11 @@ void compute_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
   const auto& arguments = schema.arguments();
   const size_t first = stack->size() - arguments.size();
+  const c10::ArrayRef<c10::IValue> values(stack->data() + first, arguments.size());
   c10::DeviceIndex device = -1;
   for (size_t i = 0; i < arguments.size(); ++i) {
-    const bool written = arguments[i].alias_info() != nullptr && arguments[i].alias_info()->isWrite();
-    for_each_sim_tensor((*stack)[first + i], [&](const at::Tensor& tensor) {
+    const bool written = writes_argument(schema, i, values);
+    for_each_sim_tensor(values[i], [&](const at::Tensor& tensor) {
       if (device < 0) device = tensor.device().index();
       const c10::Stream stream = reach_current_stream(tensor.device().index());
       raise_if_conflict(tensor, stream, written ? Access::kWrite : Access::kRead, schema.name());
@@ -230,7 +375,7 @@ void compute_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       value = c10::IValue(sim_generator->cpu());
     }
   }
-  at::native::cpu_fallback(op, stack);
+  HostRun(schema, stack).run(op);
 }
 
 }  // namespace

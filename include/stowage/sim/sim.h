@@ -17,8 +17,11 @@
 //    copy between pinned host memory and the device is queued on the current stream and
 //    runs later, after a delay (random by default); a blocking copy, or one from pageable
 //    host memory, has completed when it returns, as on CUDA. Events record, wait, query
-//    and synchronize with CUDA's semantics. Compute runs on the calling thread through
-//    at::native::cpu_fallback, after the work already queued on the current stream.
+//    and synchronize with CUDA's semantics. Compute runs on the calling thread, by each
+//    op's CPU kernel on the device memory itself, after the work already queued on the
+//    current stream: what a kernel writes, into its outputs or into arguments its schema
+//    does not mark as written (batch norm's running statistics), and the views it
+//    returns, are the device's, bit for bit what the CPU computes.
 //  - Hazards. A freed block is poisoned (every byte 0xFF: NaN in floating point) and
 //    reused only once the streams it was used on (its allocation stream and those named
 //    by recordStream) have drained, so a missing record_stream or wait_stream shows as
@@ -27,7 +30,8 @@
 //    a SimHazardError naming the op and both streams (from a stream's worker, the error
 //    is thrown by the next simulator call on the host).
 //
-// Compute through cpu_fallback copies each op's arguments: the simulator is for
+// An argument an op's schema marks as written (Tensor(a!): out=, in-place) is computed on
+// a CPU copy and copied back, so that the kernel can resize it: the simulator is for
 // correctness and memory, and no time it takes is a device's time.
 //
 // Needs LibTorch 2.x (c10::register_privateuse1_backend, PrivateUse1HooksInterface,
