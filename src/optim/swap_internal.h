@@ -110,6 +110,7 @@ struct SwapOptimizer::Rep {
 
   at::Tensor step(const torch::optim::Optimizer::LossClosure& closure);
   DiskTierStats disk_stats() const;
+  int64_t resident_state_bytes();
   StateDict state_dict();
   void load_state_dict(const StateDict& state);
   void check_load_state_dict(const StateDict& state);

@@ -163,6 +163,10 @@ DiskTierStats SwapOptimizer::disk_stats() const {
   return rep_->disk_stats();
 }
 
+int64_t SwapOptimizer::resident_state_bytes() const {
+  return rep_->resident_state_bytes();
+}
+
 StateDict SwapOptimizer::state_dict() {
   return rep_->state_dict();
 }
@@ -260,6 +264,16 @@ void SwapOptimizer::Rep::record_steps() {
 }
 
 // ------------------------------------------------------------------ host layout
+
+int64_t SwapOptimizer::Rep::resident_state_bytes() {
+  int64_t bytes = 0;
+  for (const Unit& unit : collect_units()) {
+    for (const UnitSlot& slot : unit.slots) {
+      if (!slot.swapped && slot.holder->defined()) bytes += nbytes(*slot.holder);
+    }
+  }
+  return bytes;
+}
 
 std::vector<Unit> SwapOptimizer::Rep::collect_units() {
   auto& states = optimizer_->state();

@@ -1,6 +1,7 @@
 #include <stowage/error.h>
 #include <stowage/optim/partition.h>
 #include <stowage/optim/zero_redundancy_optimizer.h>
+#include <stowage/state/optimizer_adapter.h>
 #include <stowage/state/optimizer_layout.h>
 
 #include <ATen/ATen.h>
@@ -81,6 +82,18 @@ void ZeroRedundancyOptimizer::step() {
     local_->step();
   }
   broadcast_shares();
+}
+
+int64_t ZeroRedundancyOptimizer::resident_state_bytes() const {
+  if (swap_) return swap_->resident_state_bytes();
+  const OptimizerAdapter* adapter = find_optimizer_adapter(*local_);  // OptimizerState checked it has one
+  int64_t bytes = 0;
+  for (const auto& item : local_->state()) {
+    for (const at::Tensor* tensor : adapter->fields(*item.second).tensors) {
+      if (tensor->defined()) bytes += tensor->numel() * static_cast<int64_t>(tensor->element_size());
+    }
+  }
+  return bytes;
 }
 
 std::vector<int64_t> ZeroRedundancyOptimizer::owners() const {

@@ -71,6 +71,11 @@ class SwapOptimizer final : public Stateful {
   memory::CopyEngine& copy_engine();
   // The disk tier's figures. REQUIRES: a swap_dir (stowage::Error otherwise).
   DiskTierStats disk_stats() const;
+  // The bytes of the states that stay on the device between steps (those not swapped:
+  // below min_numel, of keys not swapped, or left there by a failed step), counted from
+  // the state tensors. Unlike memory::memory_allocated(device) before and after, it does
+  // not count what other threads hold meanwhile (a background checkpoint save's buffers).
+  int64_t resident_state_bytes() const;
 
   // The state in stowage::OptimizerState's layout:
   //   {"state": {"<i>": {"step": int, "exp_avg": T, ...}}, "param_groups": [...]}

@@ -99,6 +99,10 @@ class ZeroRedundancyOptimizer final : public Stateful {
   torch::optim::Optimizer& local_optimizer() { return *local_; }
   // The swap over the owned share, or nullptr without ZeroRedundancyOptimizerOptions::swap.
   const c10::intrusive_ptr<SwapOptimizer>& swap() const { return swap_; }
+  // The bytes of the owned share's optimizer state on the device between steps: the
+  // swap's resident_state_bytes(), or every state tensor of the local optimizer. Counted
+  // from the tensors, so other threads' memory (a background checkpoint save's) is not in it.
+  int64_t resident_state_bytes() const;
 
   StateDict state_dict() override;
   // Takes the layout above from any number of ranks, or a plain optimizer's state over

@@ -1,0 +1,93 @@
+// The optimizer state resident on the device between steps, counted from the state tensors
+// (SwapOptimizer and ZeroRedundancyOptimizer::resident_state_bytes): the unswapped states
+// only, and none of what another thread holds, which memory::memory_allocated counts on
+// the CPU (a background checkpoint save's collectives hold byte tensors for a while).
+
+#include <stowage/memory/accounting.h>
+#include <stowage/optim/zero_redundancy_optimizer.h>
+
+#include "optim/swap_test_util.h"
+
+#include <gtest/gtest.h>
+
+#include <future>
+#include <thread>
+
+namespace stowage::optim {
+namespace {
+
+using testing::make_params;
+using testing::set_grads;
+
+// {100} is below SwapOptimizerConfig's default min_numel: its states stay on the device.
+const testing::Shapes kShapes = {{3000}, {100}, {2048}, {64, 33}};
+constexpr int64_t kUnswappedNumel = 100;
+
+int64_t numel_of(const testing::Shapes& shapes) {
+  int64_t numel = 0;
+  for (const auto& shape : shapes) numel += c10::multiply_integers(shape);
+  return numel;
+}
+
+class ResidentState : public ::testing::TestWithParam<testing::SwapMode> {};
+
+TEST_P(ResidentState, TheSwapCountsItsUnswappedStatesOnly) {
+  auto params = make_params(kShapes);
+  auto swap = swap_optimizer(testing::adamw(params, torch::optim::AdamWOptions(1e-2).amsgrad(true)),
+                             GetParam().apply(SwapOptimizerConfig().swap_times(2)));
+  EXPECT_EQ(swap->resident_state_bytes(), 0) << "no state before the first step";
+  for (int step = 0; step < 2; ++step) {
+    set_grads(params, step);
+    swap->step();
+    // exp_avg, exp_avg_sq and max_exp_avg_sq of the small parameter, in fp32.
+    EXPECT_EQ(swap->resident_state_bytes(), 3 * kUnswappedNumel * 4) << "step " << step;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ResidentState, ::testing::ValuesIn(testing::swap_modes()), testing::mode_name);
+
+TEST(ResidentStateZero, APlainShareCountsEveryStateAndASwappedOneItsUnswappedStates) {
+  auto factory = [](std::vector<at::Tensor> share) { return testing::adamw(share); };
+  auto params = make_params(kShapes);
+  ZeroRedundancyOptimizer plain(params, factory, std::nullopt);
+  set_grads(params, 0);
+  plain.step();
+  EXPECT_EQ(plain.resident_state_bytes(), 2 * numel_of(kShapes) * 4);  // exp_avg, exp_avg_sq
+
+  auto swapped_params = make_params(kShapes);
+  ZeroRedundancyOptimizer swapped(swapped_params, factory, std::nullopt,
+                                  ZeroRedundancyOptimizerOptions().swap(SwapOptimizerConfig().swap_times(2)));
+  set_grads(swapped_params, 0);
+  swapped.step();
+  EXPECT_EQ(swapped.resident_state_bytes(), 2 * kUnswappedNumel * 4);
+}
+
+// What a training loop measured as "memory_allocated after the step, less the baseline and
+// the gradients" counts, on the CPU, the tensors another thread holds at that moment: the
+// 8 + 32 bytes of a string broadcast on a checkpoint's background thread are 40 bytes more.
+TEST(ResidentStateZero, WhatAnotherThreadHoldsIsNotCounted) {
+  memory::enable_accounting();
+  auto factory = [](std::vector<at::Tensor> share) { return testing::adamw(share); };
+  auto params = make_params(kShapes);
+  ZeroRedundancyOptimizer zero(params, factory, std::nullopt);
+  set_grads(params, 0);
+  zero.step();
+  const int64_t resident = zero.resident_state_bytes();
+  const int64_t allocated = memory::memory_allocated();
+
+  std::promise<void> held, release;
+  std::thread background([&] {
+    const at::Tensor length = at::full({1}, 32, at::kLong);
+    const at::Tensor bytes = at::zeros({32}, at::kByte);
+    held.set_value();
+    release.get_future().wait();
+  });
+  held.get_future().wait();
+  EXPECT_GE(memory::memory_allocated() - allocated, 40) << "the CPU accounting counts every thread";
+  EXPECT_EQ(zero.resident_state_bytes(), resident);
+  release.set_value();
+  background.join();
+}
+
+}  // namespace
+}  // namespace stowage::optim
