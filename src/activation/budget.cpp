@@ -202,13 +202,17 @@ FittedPlan fit_activation_budget(torch::nn::Sequential& blocks, std::vector<Bloc
     return fitted.measured_peak_bytes <= budget_bytes;
   };
   try {
-    // Each plan that measures over the budget lowers the budget planned for by its excess.
-    int64_t excess = 0;
+    // A plan that measures over the budget shows how far the model under-predicts (e.g. the
+    // first block's offload frees nothing while the caller holds the input too): the next
+    // is planned for the budget less the largest such miss, not less the excess alone,
+    // which a plan predicted well below the budget would leave too small.
+    int64_t miss = 0;
     for (int attempt = 0; attempt < 4; ++attempt) {
-      std::optional<ActivationPlan> plan = plan_for_budget(fitted.costs, fitted.rest_peak_bytes, budget_bytes - excess);
+      std::optional<ActivationPlan> plan = plan_for_budget(fitted.costs, fitted.rest_peak_bytes, budget_bytes - miss);
       if (!plan) break;
+      const int64_t predicted = plan->predicted_peak_bytes;
       if (fits(std::move(*plan))) return fitted;
-      excess += fitted.measured_peak_bytes - budget_bytes;
+      miss = std::max(miss, fitted.measured_peak_bytes - predicted);
     }
     if (fits(least_memory_plan(fitted.costs, fitted.rest_peak_bytes))) return fitted;
   } catch (...) {

@@ -92,8 +92,8 @@ struct FittedPlan {
 // rest_peak_bytes), then applies the plan of least recomputation that fits budget_bytes as
 // `measure_step_peak` reports it: one training step's activation bytes, with whatever plan
 // is applied to `blocks` at the time. A plan predicted to fit that measures over is planned
-// again for a budget lower by the excess, up to 4 plans; then the least-memory plan is
-// taken if it measures within the budget.
+// again for a budget lower by the most a plan measured above its prediction, up to 4 plans;
+// then the least-memory plan is taken if it measures within the budget.
 // Throws InvalidArgument, with `blocks` as they were, when budget_bytes <= 0 or when even
 // the least-memory plan measures over it, naming that plan's peak: the smallest budget
 // that fits.
