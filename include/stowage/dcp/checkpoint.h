@@ -12,7 +12,10 @@
 // the plans, deduplicates replicated tensors, checks that the shards tile every tensor,
 // builds the metadata and scatters each rank its final plan; every rank writes its own
 // data files; rank 0 gathers the results and commits the metadata only once every rank
-// has written. A failure on any rank reaches every rank: each raises DistributedCheckpointError
+// has written. A tensor or shard that several ranks hold is saved once, and every
+// rank's copy is hashed (XXH3-64) and compared before the commit: copies that differ fail
+// the save on every rank, naming the entry, rather than keep one rank's silently. A
+// failure on any rank reaches every rank: each raises DistributedCheckpointError
 // naming the failed ranks and their causes, and nothing is committed. Every rank takes
 // part in every collective whatever failed (an error before the first one, even in
 // making the FileSystemWriter or FileSystemReader of a path, is the rank's failure in
