@@ -143,6 +143,7 @@ OptimizerState::OptimizerState(std::shared_ptr<torch::optim::Optimizer> optimize
 }
 
 StateDict OptimizerState::state_dict() {
+  check_not_claimed();
   auto& states = optimizer_->state();
   return write_optimizer_layout(
       *optimizer_,
@@ -205,11 +206,17 @@ CheckedOptimizerState check_optimizer_state(const OptimizerAdapter& adapter, con
 
 }  // namespace
 
+void OptimizerState::check_not_claimed() const {
+  optimizer_adapter(*optimizer_, kOptimizerState);  // a SwapOptimizer may have wrapped it since construction
+}
+
 void OptimizerState::check_load_state_dict(const StateDict& state) {
+  check_not_claimed();
   check_optimizer_state(*adapter_, state, *optimizer_);
 }
 
 void OptimizerState::load_state_dict(const StateDict& state) {
+  check_not_claimed();
   const CheckedOptimizerState checked = check_optimizer_state(*adapter_, state, *optimizer_);
   const OptimizerLayout& layout = checked.layout;
 

@@ -258,7 +258,8 @@ void Trainer::Rep::measure_step(StepRecord& record) {
   // With copies (gradient_as_bucket_view false), the reducer's buckets hold gradients too.
   record.gradient_bytes =
       storage_bytes(grads) + (reducer && !options.gradient_as_bucket_view() ? reducer->kept_bucket_bytes() : 0);
-  record.optimizer_resident_bytes = memory::memory_allocated(device) - baseline_bytes - record.gradient_bytes;
+  // Counted from the state tensors: a save's background thread allocates too (on the CPU).
+  record.optimizer_resident_bytes = optimizer->resident_state_bytes();
   record.peak_step_bytes = memory::max_memory_allocated(device) - baseline_bytes;
   const memory::HostBufferStats host = memory::host_buffer_stats();
   record.checkpoint_host_bytes = host.checkpoint_bytes;

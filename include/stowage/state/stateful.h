@@ -95,7 +95,9 @@ class ModuleState final : public Stateful {
 // parameter's device, in the dtype the adapter keeps the state in (the parameter's, or
 // fp32 for MasterAdamW). Like PyTorch's, it also sets every group's options (lr, betas,
 // amsgrad, ...) to the saved ones, replacing those the optimizer was made with: change
-// an option after loading, not before.
+// an option after loading, not before. An optimizer that a live SwapOptimizer wraps is
+// refused (InvalidArgument naming the fix, before anything changes) when made and at each
+// call: the SwapOptimizer keeps its state, and is what to save and restore.
 class OptimizerState final : public Stateful {
  public:
   explicit OptimizerState(std::shared_ptr<torch::optim::Optimizer> optimizer);
@@ -106,6 +108,9 @@ class OptimizerState final : public Stateful {
   void check_load_state_dict(const StateDict& state) override;
 
  private:
+  // Throws InvalidArgument if a SwapOptimizer wrapped the optimizer since construction.
+  void check_not_claimed() const;
+
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   const OptimizerAdapter* adapter_;  // the optimizer's, from the registry
 };
