@@ -184,6 +184,16 @@ c10::intrusive_ptr<SwapOptimizer> swap_optimizer(std::shared_ptr<torch::optim::O
   return c10::make_intrusive<SwapOptimizer>(std::move(optimizer), std::move(config));
 }
 
+int64_t min_disk_host_budget(const std::vector<at::Tensor>& params, const SwapOptimizerConfig& config, bool amsgrad) {
+  int64_t largest = 0;
+  for (const at::Tensor& param : params) {
+    if (!at::isFloatingType(param.scalar_type()) || param.numel() < config.min_numel()) continue;
+    const int64_t state = detail::align_up(static_cast<int64_t>(param.nbytes()), detail::kDiskAlignmentBytes);
+    largest = std::max(largest, state * (amsgrad ? 3 : 2));
+  }
+  return largest * config.buffer_count();
+}
+
 bool is_swap_optimizer(const c10::IValue& value) {
   const c10::intrusive_ptr<Stateful> stateful = as_stateful(value);
   return stateful && dynamic_cast<SwapOptimizer*>(stateful.get()) != nullptr;

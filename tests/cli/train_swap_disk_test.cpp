@@ -35,6 +35,10 @@ TEST(TrainSwapDisk, BadSwapOptionsAreNamed) {
   EXPECT_NE(missing_dir.status, 0);
   EXPECT_THAT(missing_dir.output,
               ::testing::HasSubstr("--swap-to disk:/nonexistent/stowage: '/nonexistent/stowage' is not a directory"));
+  const auto small_budget = train(dir, "--steps 1 --swap-to disk:/tmp --swap-host-budget 1KiB");
+  EXPECT_NE(small_budget.status, 0);
+  EXPECT_THAT(small_budget.output, ::testing::HasSubstr("--swap-host-budget 1KiB is below the 512.0 KiB the disk "
+                                                        "tier needs for this model"));
   const auto no_swap = train(dir, "--steps 1 --swap-times 0 --swap-to disk:/tmp");
   EXPECT_NE(no_swap.status, 0);
   EXPECT_THAT(no_swap.output, ::testing::HasSubstr("--swap-to disk:/tmp needs --swap-times N > 0"));

@@ -82,6 +82,13 @@ int train(const TrainOptions& options) {
   model->to(trainer.device());  // initialised on the CPU, so that every device starts from the same weights
   const std::string recompute =
       configure_activation_checkpointing(model, options, corpus, trainer.device(), trainer.world().size);
+  if (const auto& swap = trainer.options().swap(); swap && swap->disk_tier() && swap->host_budget_bytes() > 0) {
+    const int64_t least = optim::min_disk_host_budget(model->parameters(), *swap);
+    if (swap->host_budget_bytes() < least) {
+      throw InvalidArgument(fmt::format("--swap-host-budget {} is below the {} the disk tier needs for this model",
+                                        options.swap_host_budget, format_bytes(least)));
+    }
+  }
   const double lr = options.lr;
   auto data = at::make_generator<at::CPUGeneratorImpl>(options.seed + 1);  // the global batch, on every rank
   trainer.prepare(

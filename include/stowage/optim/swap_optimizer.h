@@ -99,6 +99,14 @@ class SwapOptimizer final : public Stateful {
 c10::intrusive_ptr<SwapOptimizer> swap_optimizer(std::shared_ptr<torch::optim::Optimizer> optimizer,
                                                  SwapOptimizerConfig config = {});
 
+// The least SwapOptimizerConfig::host_budget_bytes with which the disk tier can swap an
+// Adam's or AdamW's states of `params` (two a parameter, three with amsgrad, in its dtype;
+// those of min_numel elements or more): buffer_count buffers, each holding the largest
+// parameter's states. A smaller budget makes the first step() throw InvalidArgument; a
+// caller checks its own option against this first, to refuse it under its own name.
+int64_t min_disk_host_budget(const std::vector<at::Tensor>& params, const SwapOptimizerConfig& config,
+                             bool amsgrad = false);
+
 // Whether `value` (e.g. an entry of a state dict) holds a SwapOptimizer.
 bool is_swap_optimizer(const c10::IValue& value);
 
