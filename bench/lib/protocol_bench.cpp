@@ -2,6 +2,7 @@
 
 #include "bench_util.h"
 
+#include <stowage/memory/accounting.h>
 #include <stowage/train/trainer.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -83,6 +84,7 @@ std::vector<double> trainer_round(const ProtocolBenchOptions& o, const std::stri
 
 ProtocolBenchResult run_protocol_bench(const ProtocolBenchOptions& options) {
   const std::string run_dir = (fs::temp_directory_path() / fmt::format("stowage-protocol-{}", getpid())).string();
+  memory::enable_accounting();  // a Trainer turns it on for the process: both loops run with it
   std::vector<double> plain, trainer;
   for (int64_t round = 0; round < options.rounds; ++round) {
     const std::vector<double> p = plain_round(options), t = trainer_round(options, run_dir);

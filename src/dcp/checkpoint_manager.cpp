@@ -109,19 +109,23 @@ struct CheckpointManager::Pending {
   }
 };
 
+void check_checkpoint_manager_options(const CheckpointManagerOptions& options) {
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"save_every", options.save_every()},
+                                    {"keep_last", options.keep_last()},
+                                    {"keep_every", options.keep_every()}}) {
+    if (value < 0) throw InvalidArgument(fmt::format("CheckpointManager: {} must be >= 0, got {}", name, value));
+  }
+  if (options.max_consecutive_failures() < 0) {
+    throw InvalidArgument(fmt::format("CheckpointManager: max_consecutive_failures must be >= 0, got {}",
+                                      options.max_consecutive_failures()));
+  }
+  if (options.env() == nullptr) throw InvalidArgument("CheckpointManager: the option env is null");
+}
+
 CheckpointManager::CheckpointManager(std::string directory, CheckpointManagerOptions options,
                                      std::optional<dist::ProcessGroup> group)
     : directory_(std::move(directory)), options_(std::move(options)), group_(std::move(group)) {
-  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"save_every", options_.save_every()},
-                                    {"keep_last", options_.keep_last()},
-                                    {"keep_every", options_.keep_every()}}) {
-    if (value < 0) throw InvalidArgument(fmt::format("CheckpointManager: {} must be >= 0, got {}", name, value));
-  }
-  if (options_.max_consecutive_failures() < 0) {
-    throw InvalidArgument(fmt::format("CheckpointManager: max_consecutive_failures must be >= 0, got {}",
-                                      options_.max_consecutive_failures()));
-  }
-  if (options_.env() == nullptr) throw InvalidArgument("CheckpointManager: the option env is null");
+  check_checkpoint_manager_options(options_);
   env().create_directories(directory_);
   if (!group_ || group_->rank() == 0) {
     // One job per directory: nothing uncommitted here can be a save in flight.

@@ -68,7 +68,7 @@ void TrainingProgress::check_load_state_dict(const StateDict& state) {
   check_generator_state(state, "data_rng", data_.get_state());
   check_generator_state(state, "torch_rng", default_cpu_generator().get_state());
   for (const DeviceGenerator& device : devices_) {
-    check_generator_state(state, device.key.c_str(), device.generator.get_state());
+    if (state.contains(device.key)) check_generator_state(state, device.key.c_str(), device.generator.get_state());
   }
 }
 
@@ -76,7 +76,15 @@ void TrainingProgress::load_state_dict(const StateDict& state) {
   check_load_state_dict(state);
   data_.set_state(state.at("data_rng").toTensor());
   default_cpu_generator().set_state(state.at("torch_rng").toTensor());
-  for (DeviceGenerator& device : devices_) device.generator.set_state(state.at(device.key).toTensor());
+  for (DeviceGenerator& device : devices_) {
+    if (state.contains(device.key)) {
+      device.generator.set_state(state.at(device.key).toTensor());
+    } else {
+      TORCH_WARN("TrainingProgress: the state keeps no '", device.key,
+                 "' (saved before the device's generator was kept, or on another device): that generator goes on "
+                 "as it is, so what draws from it (dropout on the device) is not what an uninterrupted run drew");
+    }
+  }
   step_ = state.at("step").toInt();
 }
 

@@ -56,6 +56,10 @@ std::vector<std::string> differences(const RunConfig& recorded, const RunConfig&
 
 }  // namespace
 
+std::string checkpoints_directory(const std::string& run_dir) {
+  return (fs::path(run_dir) / "checkpoints").string();
+}
+
 std::optional<RunConfig> read_run_config(const std::string& run_dir) {
   const fs::path path = run_file(run_dir);
   if (!fs::exists(path)) return std::nullopt;
@@ -83,7 +87,7 @@ std::string describe_run(const std::string& run_dir) {
     if (fs::exists(fs::path(run_dir) / name)) found.emplace_back(name);
   }
   int64_t committed = 0, latest = -1;
-  for (const dcp::ManagedCheckpoint& checkpoint : dcp::list_checkpoints((fs::path(run_dir) / "checkpoints").string())) {
+  for (const dcp::ManagedCheckpoint& checkpoint : dcp::list_checkpoints(checkpoints_directory(run_dir))) {
     if (!checkpoint.committed) continue;
     ++committed;
     latest = checkpoint.step;

@@ -14,7 +14,9 @@
 
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <filesystem>
+#include <functional>
 #include <unordered_set>
 #include <vector>
 
@@ -45,6 +47,7 @@ void check_options(const TrainerOptions& options) {
     throw InvalidArgument(
         fmt::format("TrainerOptions: resume and resume_from '{}' exclude each other", options.resume_from()));
   }
+  dcp::check_checkpoint_manager_options(options.checkpoints());
   if (options.tokens_per_step() < 0) {
     throw InvalidArgument(
         fmt::format("TrainerOptions: tokens_per_step must not be negative, got {}", options.tokens_per_step()));
@@ -62,6 +65,27 @@ int64_t storage_bytes(const std::vector<at::Tensor>& tensors) {
     }
   }
   return bytes;
+}
+
+// Runs `work` on every rank and makes its failure on any rank every rank's: the rank that
+// failed rethrows its own error, the others an Error naming it, so that no rank goes on
+// into a collective that the failed one will not reach.
+void run_agreed(const std::optional<dist::ProcessGroup>& group, const std::function<void()>& work) {
+  std::exception_ptr failure;
+  std::string outcome;  // empty: done; else "!" and the error's message
+  try {
+    work();
+  } catch (const std::exception& e) {
+    failure = std::current_exception();
+    outcome = std::string("!") + e.what();
+  }
+  if (group) {
+    const std::vector<std::string> outcomes = group->all_gather(outcome);
+    for (size_t rank = 0; rank < outcomes.size() && !failure; ++rank) {
+      if (!outcomes[rank].empty()) throw Error(fmt::format("rank {}: {}", rank, outcomes[rank].substr(1)));
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
 }
 
 }  // namespace
@@ -105,6 +129,7 @@ struct Trainer::Rep {
   bool trained_any = false;
   std::optional<std::pair<int64_t, std::string>> last_save_error;  // its step and error
   Clock::time_point run_start, last_step_end;
+  bool restored = false;
   bool preempted = false;
   bool finished = false;
 };
@@ -112,6 +137,13 @@ struct Trainer::Rep {
 void Trainer::Rep::make_optimizer(const OptimizerFactory& make, at::Generator data) {
   baseline_bytes = memory::memory_allocated(device);
   const std::vector<at::Tensor> params = model->parameters();
+  if (world.group) {
+    // Every rank starts from rank 0's parameters, as under DDP, whatever it was seeded with.
+    for (const at::Tensor& param : params) {
+      at::Tensor data = param.detach();
+      world.group->broadcast(data, 0);
+    }
+  }
   optim::ZeroRedundancyOptimizerOptions zero_options;
   zero_options.swap(options.swap());
   optimizer = c10::make_intrusive<optim::ZeroRedundancyOptimizer>(params, make, world.group, zero_options);
@@ -125,30 +157,20 @@ void Trainer::Rep::make_optimizer(const OptimizerFactory& make, at::Generator da
   progress = c10::make_intrusive<TrainingProgress>(std::move(data), std::vector<c10::Device>{device});
 }
 
-// Every rank checks the run directory (it reads only) and they agree on the verdict,
-// so that a refusal is every rank's error and none waits for the others in a collective.
+// Every rank checks the run directory (it reads only), then rank 0 writes run.json and
+// opens the events; each step is agreed, so that a refusal or a failure is every rank's
+// error and none waits for the others in a collective.
 void Trainer::Rep::claim_run_directory() {
-  std::string refusal;
-  try {
+  run_agreed(world.group, [&] {
     check_run_directory(options.run_dir(), options.config(), options.resume(), options.allow_config_change());
-  } catch (const InvalidArgument& e) {
-    refusal = e.what();
-  }
-  if (world.group) {
-    for (const std::string& rank_refusal : world.group->all_gather(refusal)) {
-      if (!rank_refusal.empty()) {
-        refusal = rank_refusal;
-        break;
-      }
-    }
-  }
-  if (!refusal.empty()) throw InvalidArgument(refusal);
-  if (world.rank == 0) {
+  });
+  run_agreed(world.group, [&] {
+    if (world.rank != 0) return;
     write_run_config(options.run_dir(), options.config());
     const std::string metrics_path = (fs::path(options.run_dir()) / "metrics.jsonl").string();
     events = options.events() ? options.events()(metrics_path) : std::make_shared<MetricsFile>(metrics_path);
-  }
-  checkpoints.emplace((fs::path(options.run_dir()) / "checkpoints").string(), options.checkpoints(), world.group);
+  });
+  checkpoints.emplace(checkpoints_directory(options.run_dir()), options.checkpoints(), world.group);
 }
 
 // Everything a resumed run needs: model (parameters and buffers), optimizer (swapped
@@ -195,10 +217,14 @@ int64_t Trainer::Rep::restore_latest() {
 // this one's).
 void Trainer::Rep::start_from_other_checkpoint() {
   const std::string& path = options.resume_from();
-  const std::unique_ptr<dcp::StorageReader> reader = options.open_checkpoint()(path);
-  dcp::Metadata metadata = reader->read_metadata();
-  metadata.index();
-  const bool from_trainer = metadata.find("progress.step") != nullptr;
+  std::unique_ptr<dcp::StorageReader> reader;
+  bool from_trainer = false;
+  run_agreed(world.group, [&] {
+    reader = options.open_checkpoint()(path);
+    dcp::Metadata metadata = reader->read_metadata();
+    metadata.index();
+    from_trainer = metadata.find("progress.step") != nullptr;
+  });
   StateDict state = live_state();
   if (!from_trainer) {
     state.erase("optim");
@@ -285,7 +311,7 @@ const TrainerOptions& Trainer::options() const {
 }
 
 optim::ZeroRedundancyOptimizer& Trainer::optimizer() {
-  TORCH_CHECK(rep_->optimizer, "Trainer::optimizer() before prepare()");
+  if (!rep_->optimizer) throw InvalidArgument("Trainer::optimizer: before prepare()");
   return *rep_->optimizer;
 }
 
@@ -316,6 +342,8 @@ void Trainer::prepare(std::shared_ptr<torch::nn::Module> model, const OptimizerF
 int64_t Trainer::restore() {
   Rep& r = *rep_;
   if (!r.checkpoints) throw InvalidArgument("Trainer::restore: before prepare()");
+  if (r.restored) throw InvalidArgument("Trainer::restore: called twice");
+  r.restored = true;
   if (r.options.resume()) r.restore_latest();
   if (!r.options.resume_from().empty()) r.start_from_other_checkpoint();
   r.summary.first_step = r.progress->step() + 1;
@@ -332,7 +360,7 @@ int64_t Trainer::restore() {
 
 void Trainer::begin_step() {
   Rep& r = *rep_;
-  if (!r.checkpoints) throw InvalidArgument("Trainer::begin_step: before prepare()");
+  if (!r.restored) throw InvalidArgument("Trainer::begin_step: before prepare() and restore()");
   if (r.reducer) {
     r.reducer->zero_grad();  // in place: the gradients are views of its buckets
   } else {
@@ -344,7 +372,7 @@ void Trainer::begin_step() {
 
 bool Trainer::end_step(int64_t step, double loss) {
   Rep& r = *rep_;
-  if (!r.checkpoints) throw InvalidArgument("Trainer::end_step: before prepare()");
+  if (!r.restored) throw InvalidArgument("Trainer::end_step: before prepare() and restore()");
   if (step != r.progress->step() + 1 || r.preempted) {
     throw InvalidArgument(fmt::format("Trainer::end_step: step {} is not the next one ({}){}", step,
                                       r.progress->step() + 1, r.preempted ? ", and the run was preempted" : ""));
@@ -389,9 +417,16 @@ bool Trainer::end_step(int64_t step, double loss) {
 
 int Trainer::finish() {
   Rep& r = *rep_;
+  if (!r.restored) throw InvalidArgument("Trainer::finish: before prepare() and restore()");
   if (r.finished) return r.summary.exit_status;
+  try {
+    r.report(r.checkpoints->wait());
+  } catch (...) {  // the failure policy threw: the run failed, and says so again if asked
+    r.finished = true;
+    r.summary.exit_status = 1;
+    throw;
+  }
   r.finished = true;
-  if (r.checkpoints) r.report(r.checkpoints->wait());
   r.summary.seconds = seconds_since(r.run_start);
   if (!r.trained_any) r.summary.last_step = r.summary.first_step - 1;
   r.summary.exit_status = r.preempted ? dist::kPreemptedStatus : r.last_save_error ? 1 : 0;

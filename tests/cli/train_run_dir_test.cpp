@@ -34,7 +34,7 @@ TEST(TrainRunDirectory, AFreshRunIntoAUsedOneIsRefusedAndTheOldRunIsUntouched) {
   ASSERT_EQ(train(dir, "--steps 2 --ckpt-every 2").status, 0);
   const int64_t metrics = lines_of(dir.path / "metrics.jsonl");
   const auto again = train(dir, "--steps 4 --ckpt-every 2");
-  EXPECT_EQ(again.status, 1) << again.output;
+  EXPECT_EQ(again.status, 2) << again.output;
   EXPECT_THAT(again.output, HasSubstr("holds a run already (run.json, metrics.jsonl and 1 committed checkpoint (the "
                                       "latest of step 2)): resume it"));
   EXPECT_EQ(lines_of(dir.path / "metrics.jsonl"), metrics);
@@ -52,11 +52,11 @@ TEST(TrainRunDirectory, AResumeThatChangesTheModelOrTheDataIsRefusedNamingTheSet
   ASSERT_EQ(train(sizes, "--steps 2 --ckpt-every 2").status, 0);
   // The same tensors with 1 head, other ones with 3 layers.
   const auto heads = train("--heads 1 --layers 2 --batch 8", "--steps 4 --resume");
-  EXPECT_EQ(heads.status, 1) << heads.output;
+  EXPECT_EQ(heads.status, 2) << heads.output;
   EXPECT_THAT(heads.output, HasSubstr("--heads: 2 then, 1 now"));
   EXPECT_THAT(heads.output, HasSubstr("--allow-config-change"));
   const auto layers_and_batch = train("--heads 2 --layers 3 --batch 4", "--steps 4 --resume");
-  EXPECT_EQ(layers_and_batch.status, 1) << layers_and_batch.output;
+  EXPECT_EQ(layers_and_batch.status, 2) << layers_and_batch.output;
   EXPECT_THAT(layers_and_batch.output, HasSubstr("--batch: 8 then, 4 now; --layers: 2 then, 3 now"));
   EXPECT_FALSE(fs::exists(dir.path / "checkpoints" / "step-00000004"));
   const auto allowed = train("--heads 1 --layers 2 --batch 8", "--steps 4 --resume --allow-config-change");
@@ -67,7 +67,7 @@ TEST(TrainRunDirectory, AResumeThatChangesTheModelOrTheDataIsRefusedNamingTheSet
 TEST(TrainFlags, ABatchThatDoesNotSplitOverTheRanksIsOneErrorBeforeAnyRankStarts) {
   RunDir dir;
   const auto result = train(dir, "--steps 2 --nproc 3");  // kSmall's --batch 8
-  EXPECT_EQ(result.status, 1) << result.output;
+  EXPECT_EQ(result.status, 2) << result.output;
   EXPECT_EQ(occurrences(result.output, "--batch 8 (the global batch) does not split evenly over 3 ranks"), 1)
       << result.output;
   EXPECT_FALSE(fs::exists(dir.path));
@@ -76,7 +76,7 @@ TEST(TrainFlags, ABatchThatDoesNotSplitOverTheRanksIsOneErrorBeforeAnyRankStarts
 TEST(TrainFlags, AMissingCheckpointToStartFromIsNamedBeforeAnythingIsCreated) {
   RunDir dir;
   const auto result = train(dir, "--steps 2 --resume-from /nonexistent/step-00000010");
-  EXPECT_EQ(result.status, 1) << result.output;
+  EXPECT_EQ(result.status, 2) << result.output;
   EXPECT_THAT(result.output, HasSubstr("--resume-from /nonexistent/step-00000010: no such checkpoint"));
   EXPECT_FALSE(fs::exists(dir.path));
 }

@@ -122,6 +122,23 @@ TEST(TrainingProgress, KeepsTheGeneratorOfTheDeviceTheLoopRunsOn) {
   EXPECT_TRUE(dropout_mask().equal(next));
 }
 
+// A checkpoint from before device generators were kept still resumes, with a warning; the
+// device's generator goes on as it is.
+TEST(TrainingProgress, AStateWithoutTheDevicesGeneratorLeavesItAsItIs) {
+  const c10::Device device = testing::test_device();
+  if (device.is_cpu()) GTEST_SKIP() << "no device in this build";
+  at::Generator data = at::make_generator<at::CPUGeneratorImpl>(31);
+  const auto progress = c10::make_intrusive<TrainingProgress>(data, std::vector<c10::Device>{device});
+  progress->set_step(4);
+  StateDict old_format = progress->state_dict();
+  old_format.erase("device_rng_" + c10::DeviceTypeName(device.type(), true));
+  const at::Tensor device_state = at::globalContext().defaultGenerator(device).get_state();
+  progress->set_step(9);
+  progress->load_state_dict(old_format);
+  EXPECT_EQ(progress->step(), 4);
+  EXPECT_TRUE(at::globalContext().defaultGenerator(device).get_state().equal(device_state));
+}
+
 TEST(TrainingProgress, RefusesTwoDevicesOfOneType) {
   const c10::Device device = testing::test_device();
   if (device.is_cpu()) GTEST_SKIP() << "no device in this build";

@@ -12,6 +12,7 @@
 #include <stowage/dcp/dcp.h>
 #include <stowage/dcp/verify.h>
 #include <stowage/error.h>
+#include <stowage/train/run_directory.h>
 #include <stowage/interop/open_checkpoint.h>
 #include <stowage/interop/safetensors.h>
 #include <stowage/interop/torch_dcp_reader.h>
@@ -110,7 +111,7 @@ Target classify(const std::string& dir) {
   }
   target.reader = open_if_checkpoint(dir);
   if (target.reader) return target;
-  const std::string run_checkpoints = checkpoints_dir(dir);
+  const std::string run_checkpoints = train::checkpoints_directory(dir);
   if (fs::is_directory(run_checkpoints, error)) {
     target.checkpoints = run_checkpoints;
     target.run = true;

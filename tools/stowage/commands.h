@@ -32,9 +32,6 @@ std::string executable_path();
 // This process's command line, with executable_path() first: to start it again as ranks.
 std::vector<std::string> own_command_line();
 
-// The checkpoints folder of a `stowage train` run directory: <run_dir>/checkpoints.
-std::string checkpoints_dir(const std::string& run_dir);
-
 // The device of a --device option ("cpu", "cuda", "cuda:1"). Throws InvalidArgument naming
 // the text when it is no device, or one this build or machine does not have.
 c10::Device parse_device(const std::string& text);

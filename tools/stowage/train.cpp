@@ -47,13 +47,7 @@ train::TrainerOptions trainer_options(const TrainOptions& options, c10::Device d
       .resume(options.resume)
       .resume_from(options.resume_from)
       .open_checkpoint([](const std::string& path) { return dcp::open_checkpoint(path); })
-      .config({{"--corpus", options.corpus},
-               {"--batch", std::to_string(options.batch)},
-               {"--seq-len", std::to_string(options.seq_len)},
-               {"--layers", std::to_string(options.layers)},
-               {"--width", std::to_string(options.width)},
-               {"--heads", std::to_string(options.heads)},
-               {"--seed", std::to_string(options.seed)}})
+      .config(run_config(options))
       .allow_config_change(options.allow_config_change)
       .checkpoints(dcp::CheckpointManagerOptions()
                        .save_every(options.ckpt_every)
@@ -77,18 +71,10 @@ int train(const TrainOptions& options) {
       parse_device(options.device == "cuda" ? dist::rank_device(c10::Device(c10::kCUDA)).str() : options.device);
   train::Trainer trainer(trainer_options(options, device));
   const Corpus corpus = Corpus::load(options.corpus, options.seq_len + 2);
-  torch::manual_seed(options.seed);
-  LanguageModel model(LanguageModelOptions{256, options.seq_len, options.layers, options.width, options.heads});
+  LanguageModel model = make_model(options);
   model->to(trainer.device());  // initialised on the CPU, so that every device starts from the same weights
   const std::string recompute =
       configure_activation_checkpointing(model, options, corpus, trainer.device(), trainer.world().size);
-  if (const auto& swap = trainer.options().swap(); swap && swap->disk_tier() && swap->host_budget_bytes() > 0) {
-    const int64_t least = optim::min_disk_host_budget(model->parameters(), *swap);
-    if (swap->host_budget_bytes() < least) {
-      throw InvalidArgument(fmt::format("--swap-host-budget {} is below the {} the disk tier needs for this model",
-                                        options.swap_host_budget, format_bytes(least)));
-    }
-  }
   const double lr = options.lr;
   auto data = at::make_generator<at::CPUGeneratorImpl>(options.seed + 1);  // the global batch, on every rank
   trainer.prepare(
@@ -232,7 +218,12 @@ void add_train_command(CLI::App& app) {
       options->recompute_segments = 0;
     }
     const char* world_size = std::getenv("WORLD_SIZE");
-    check_train_options(*options, world_size != nullptr ? std::max(1, std::atoi(world_size)) : options->nproc);
+    try {  // bad arguments: status 2, as the parser's
+      check_train_options(*options, world_size != nullptr ? std::max(1, std::atoi(world_size)) : options->nproc);
+      check_run(*options);
+    } catch (const InvalidArgument& e) {
+      throw CLI::ValidationError(e.what());
+    }
     if (options->nproc > 1 && world_size == nullptr) {
       const int code = launch_ranks(options->nproc, /*port=*/0, std::chrono::seconds(5), own_command_line());
       if (code != 0) throw CLI::RuntimeError(code);

@@ -57,13 +57,10 @@ void check_train_options(const TrainOptions& options, int64_t world_size) {
   if (!dir.empty() && (!fs::is_directory(dir) || access(dir.c_str(), W_OK | X_OK) != 0)) {
     refuse(fmt::format("--swap-to {}: '{}' is not a directory this process can write to", options.swap_to, dir));
   }
+  if (!fs::exists(options.corpus)) refuse(fmt::format("--corpus {}: no such file or directory", options.corpus));
   if (!options.resume_from.empty() && !fs::exists(options.resume_from)) {
     refuse(fmt::format("--resume-from {}: no such checkpoint", options.resume_from));
   }
-}
-
-std::string checkpoints_dir(const std::string& run_dir) {
-  return (fs::path(run_dir) / "checkpoints").string();
 }
 
 }  // namespace stowage::cli

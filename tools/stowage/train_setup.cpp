@@ -1,13 +1,17 @@
 #include "train_setup.h"
 
 #include "cli_numbers.h"
+#include "train_options.h"
 #include "train_progress.h"
 
 #include <stowage/activation/budget.h>
 #include <stowage/activation/checkpoint.h>
 #include <stowage/activation/policy.h>
 #include <stowage/activation/sequential.h>
+#include <stowage/error.h>
 #include <stowage/memory/accounting.h>
+#include <stowage/optim/swap_optimizer.h>
+#include <stowage/train/run_directory.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
@@ -54,6 +58,33 @@ std::string fit_activation_budget(LanguageModel& model, const TrainOptions& opti
 }
 
 }  // namespace
+
+train::RunConfig run_config(const TrainOptions& options) {
+  return {{"--corpus", options.corpus},
+          {"--batch", std::to_string(options.batch)},
+          {"--seq-len", std::to_string(options.seq_len)},
+          {"--layers", std::to_string(options.layers)},
+          {"--width", std::to_string(options.width)},
+          {"--heads", std::to_string(options.heads)},
+          {"--seed", std::to_string(options.seed)}};
+}
+
+LanguageModel make_model(const TrainOptions& options) {
+  torch::manual_seed(options.seed);
+  return LanguageModel(LanguageModelOptions{256, options.seq_len, options.layers, options.width, options.heads});
+}
+
+void check_run(const TrainOptions& options) {
+  if (!options.swap_host_budget.empty()) {
+    const auto config = optim::SwapOptimizerConfig().swap_times(options.swap_times).swap_dir(swap_dir(options));
+    const int64_t least = optim::min_disk_host_budget(make_model(options)->parameters(), config);
+    if (*parse_byte_size(options.swap_host_budget) < least) {
+      throw InvalidArgument(fmt::format("--swap-host-budget {} is below the {} the disk tier needs for this model",
+                                        options.swap_host_budget, format_bytes(least)));
+    }
+  }
+  train::check_run_directory(options.run_dir, run_config(options), options.resume, options.allow_config_change);
+}
 
 std::string configure_activation_checkpointing(LanguageModel& model, const TrainOptions& options, const Corpus& corpus,
                                                c10::Device device, int64_t ranks) {

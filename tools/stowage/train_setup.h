@@ -1,7 +1,8 @@
 #pragma once
 
 // What `stowage train` sets up around its model beyond what a train::Trainer does: the
-// activation checkpointing its flags pick, and the line that describes the run.
+// model, the checks that need it, the activation checkpointing its flags pick, and the
+// line that describes the run.
 
 #include "train_data.h"
 #include "train_model.h"
@@ -14,6 +15,17 @@
 #include <string>
 
 namespace stowage::cli {
+
+// What shapes the model and the data: a resume must keep it (train/run_directory.h).
+train::RunConfig run_config(const TrainOptions& options);
+
+// The model of the options, initialised from --seed on the CPU.
+LanguageModel make_model(const TrainOptions& options);
+
+// The checks that need the model or the run directory (--swap-host-budget against what
+// the disk tier needs; the run directory's, train/run_directory.h), made once, before any
+// rank starts: throws InvalidArgument naming the flag.
+void check_run(const TrainOptions& options);
 
 // Applies --selective-recompute, or --activation-budget (planned on a batch of this
 // rank's size drawn apart from the training data, whose stream stays as without a

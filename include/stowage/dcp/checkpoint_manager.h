@@ -132,6 +132,10 @@ struct SkippedCheckpoint {
   std::string error;  // what loading it raised
 };
 
+// The checks of a CheckpointManager's construction that need no directory: throws
+// InvalidArgument naming a negative option or a null env.
+void check_checkpoint_manager_options(const CheckpointManagerOptions& options);
+
 // Every step-<N> directory of `directory`, oldest first (none if it does not exist;
 // IoError if it cannot be listed). Changes nothing, unlike a CheckpointManager's
 // construction.

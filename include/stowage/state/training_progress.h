@@ -49,7 +49,9 @@ class TrainingProgress final : public Stateful {
   // of another LibTorch's generator).
   void check_load_state_dict(const StateDict& state) override;
   // Restores the step and every generator, after the checks above: on an exception
-  // nothing changed.
+  // nothing changed. A state without a device's entry (saved before device generators
+  // were kept, or on the CPU) leaves that generator as it is, with a warning: the run goes
+  // on, but not bit-identically to an uninterrupted one.
   void load_state_dict(const StateDict& state) override;
 
  private:

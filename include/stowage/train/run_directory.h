@@ -20,6 +20,9 @@ namespace stowage::train {
 // "2"): a resume must keep each.
 using RunConfig = std::map<std::string, std::string>;
 
+// Where a run's checkpoints go: <run_dir>/checkpoints.
+std::string checkpoints_directory(const std::string& run_dir);
+
 // The configuration recorded in `run_dir`, or nothing when it has no run.json. Throws
 // CorruptionError naming the file when it is not one this code wrote, IoError when it
 // cannot be read.

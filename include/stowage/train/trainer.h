@@ -116,12 +116,13 @@ class Trainer {
   c10::Device device() const;
   const TrainerOptions& options() const;
 
-  // Makes the optimizer over `model`'s parameters (this rank's share of them, with the
-  // swap if configured), the gradient reducer with several ranks (it makes every rank's
-  // parameters and buffers rank 0's), and the training state (model, optimizer, the step
+  // Makes every rank's parameters rank 0's (with several ranks), the optimizer over
+  // `model`'s parameters (this rank's share of them, with the swap if configured), the
+  // gradient reducer (it makes every rank's buffers rank 0's), and the training state (model, optimizer, the step
   // and the generators of the data, the CPU and device()); then claims the run directory
   // (run_directory.h: every rank agrees on a refusal) and opens the metrics. Nothing is
-  // created in the run directory before every check has passed.
+  // created in the run directory before every check has passed. A failure on any rank is
+  // every rank's (the others throw an Error naming it).
   // REQUIRES: called once; `model` on device(), initialised alike on every rank;
   // `data` a CPU generator, seeded alike on every rank.
   void prepare(std::shared_ptr<torch::nn::Module> model, const OptimizerFactory& make_optimizer, at::Generator data);
@@ -129,20 +130,25 @@ class Trainer {
   // Restores (resume: the latest committed checkpoint that can be read, reporting each
   // skipped; resume_from: that checkpoint) and returns the first step to train: 1, the
   // step after the one restored, or steps + 1 when nothing is left (done already, or
-  // preempted before the first step: finish() then says so).
-  // REQUIRES: prepare() was called.
+  // preempted before the first step: finish() then says so). Throws what the restore
+  // throws (dcp::CheckpointManager::restore: none of the checkpoints could be read, or the
+  // state refused one), the same on every rank.
+  // REQUIRES: prepare() was called, restore() was not (InvalidArgument otherwise).
   int64_t restore();
 
   // Before the forward: resets the gradients and the device's peak statistics.
-  // REQUIRES: prepare() was called.
+  // REQUIRES: restore() was called (InvalidArgument otherwise).
   void begin_step();
 
   // After the backward: averages the gradients over the ranks and brings every rank's
   // buffers to rank 0's (broadcast_buffers), waits for the snapshot of the save in
   // flight, updates, saves if due, reports, and checks for preemption (collective).
   // Returns false when the job is preempted: the step is committed (or the run has no
-  // checkpoints), and the loop must stop and call finish().
-  // REQUIRES: begin_step() was called for `step`, the step after the last one.
+  // checkpoints), and the loop must stop and call finish(). Throws Error when the save of
+  // a preempted step fails, and a failed save as the checkpoints' failure policy says
+  // (dcp::CheckpointManager: kStop, or max_consecutive_failures in a row).
+  // REQUIRES: begin_step() was called for `step`, the step after the last one
+  // (InvalidArgument otherwise).
   bool end_step(int64_t step, double loss);
 
   // Waits for the save in flight and reports the end of the run. Returns the exit
@@ -151,6 +157,7 @@ class Trainer {
   int finish();
 
   // The optimizer the Trainer made (its local optimizer's options, e.g. to change lr).
+  // REQUIRES: prepare() was called (InvalidArgument otherwise).
   optim::ZeroRedundancyOptimizer& optimizer();
   // Rank 0's event sink (after prepare()); nullptr on the other ranks.
   EventSink* events();
