@@ -77,6 +77,62 @@ Metadata run_local_save(LocalSave local, StorageWriter& writer) {
   }
 }
 
+// The coordinator's plan step: each rank's final plan (and the replicated boxes it
+// holds), or every rank's failures; `metadata` gets the global plan's.
+std::vector<detail::Verdict> decide_plans(const std::vector<detail::RankOutcome>& gathered, StorageWriter& writer,
+                                          int64_t rank, int64_t ranks, Metadata& metadata) {
+  std::vector<std::string> encoded;
+  std::map<int64_t, RankFailure> failures = detail::failures_of(gathered, &encoded);
+  std::vector<detail::Verdict> verdicts;
+  if (failures.empty()) {
+    try {
+      std::vector<SavePlan> plans;
+      plans.reserve(encoded.size());
+      for (const std::string& plan : encoded) plans.push_back(detail::decode_save_plan(plan));
+      GlobalSavePlan global = create_global_save_plan(std::move(plans));
+      global.metadata.save_id = detail::new_save_id();
+      const std::vector<SavePlan> final_plans = writer.prepare_global_plan(std::move(global.plans), global.metadata);
+      for (size_t r = 0; r < final_plans.size(); ++r) {
+        verdicts.push_back({detail::encode_assignment(final_plans[r], global.replicas.at(r)), {}});
+      }
+      metadata = std::move(global.metadata);
+    } catch (...) {
+      failures[rank] = detail::failure_in_flight("coordinator: ");
+    }
+  }
+  if (!failures.empty()) verdicts.assign(ranks, detail::Verdict{"", failures});
+  return verdicts;
+}
+
+// The coordinator's commit step: checks that the replicated boxes' copies agree, records
+// where every chunk went and commits `metadata`; or the failures of the plan or the writes.
+detail::Verdict decide_commit(const std::vector<detail::RankOutcome>& gathered, const detail::Verdict& plan,
+                              Metadata& metadata, StorageWriter& writer, int64_t rank) {
+  if (!plan.failures.empty()) return plan;
+  std::vector<std::string> encoded;
+  detail::Verdict verdict;
+  verdict.failures = detail::failures_of(gathered, &encoded);
+  if (!verdict.failures.empty()) return verdict;
+  try {
+    std::vector<std::vector<WriteResult>> results;
+    std::vector<std::vector<ReplicaHash>> replica_hashes;
+    results.reserve(encoded.size());
+    replica_hashes.reserve(encoded.size());
+    for (const std::string& bytes : encoded) {
+      detail::RankWrites writes = detail::decode_writes(bytes);
+      results.push_back(std::move(writes.results));
+      replica_hashes.push_back(std::move(writes.replica_hashes));
+    }
+    check_replicas_agree(replica_hashes);
+    record_write_results(metadata, results);
+    writer.finish(metadata);
+    verdict.payload = encode_metadata(metadata);
+  } catch (...) {
+    verdict.failures[rank] = detail::failure_in_flight("coordinator: ");
+  }
+  return verdict;
+}
+
 // The save steps of one rank of `group`. `prepare` makes the rank's local save; its
 // errors count as the rank's failure in the plan step.
 Metadata run_distributed_save(const std::function<LocalSave()>& prepare, StorageWriter& writer,
@@ -97,30 +153,10 @@ Metadata run_distributed_save(const std::function<LocalSave()>& prepare, Storage
       return detail::encode_save_plan(writer.prepare_local_plan(std::move(local.plan)));
     });
     const std::vector<detail::RankOutcome> gathered_plans = detail::gather_outcomes(group, planned, kCoordinator);
-    std::vector<detail::Verdict> plan_verdicts;
     Metadata metadata;
-    if (coordinator) {
-      std::vector<std::string> encoded;
-      std::map<int64_t, RankFailure> failures = detail::failures_of(gathered_plans, &encoded);
-      if (failures.empty()) {
-        try {
-          std::vector<SavePlan> plans;
-          plans.reserve(encoded.size());
-          for (const std::string& plan : encoded) plans.push_back(detail::decode_save_plan(plan));
-          GlobalSavePlan global = create_global_save_plan(std::move(plans));
-          global.metadata.save_id = detail::new_save_id();
-          const std::vector<SavePlan> final_plans =
-              writer.prepare_global_plan(std::move(global.plans), global.metadata);
-          for (size_t r = 0; r < final_plans.size(); ++r) {
-            plan_verdicts.push_back({detail::encode_assignment(final_plans[r], global.replicas.at(r)), {}});
-          }
-          metadata = std::move(global.metadata);
-        } catch (...) {
-          failures[rank] = detail::failure_in_flight("coordinator: ");
-        }
-      }
-      if (!failures.empty()) plan_verdicts.assign(group.size(), detail::Verdict{"", failures});
-    }
+    const std::vector<detail::Verdict> plan_verdicts =
+        coordinator ? decide_plans(gathered_plans, writer, rank, group.size(), metadata)
+                    : std::vector<detail::Verdict>{};
     const detail::Verdict my_plan = detail::scatter_verdicts(group, plan_verdicts, kCoordinator);
     step = "write";
 
@@ -140,34 +176,8 @@ Metadata run_distributed_save(const std::function<LocalSave()>& prepare, Storage
 
     // Commit: the coordinator checks that the replicated boxes' copies agree, records
     // where every chunk went and commits.
-    detail::Verdict commit_verdict;
-    if (coordinator) {
-      std::vector<std::string> encoded;
-      std::map<int64_t, RankFailure> failures = detail::failures_of(gathered_results, &encoded);
-      if (plan_failed) {
-        commit_verdict = my_plan;
-      } else if (!failures.empty()) {
-        commit_verdict.failures = std::move(failures);
-      } else {
-        try {
-          std::vector<std::vector<WriteResult>> results;
-          std::vector<std::vector<ReplicaHash>> replica_hashes;
-          results.reserve(encoded.size());
-          replica_hashes.reserve(encoded.size());
-          for (const std::string& bytes : encoded) {
-            detail::RankWrites writes = detail::decode_writes(bytes);
-            results.push_back(std::move(writes.results));
-            replica_hashes.push_back(std::move(writes.replica_hashes));
-          }
-          check_replicas_agree(replica_hashes);
-          record_write_results(metadata, results);
-          writer.finish(metadata);
-          commit_verdict.payload = encode_metadata(metadata);
-        } catch (...) {
-          commit_verdict.failures[rank] = detail::failure_in_flight("coordinator: ");
-        }
-      }
-    }
+    const detail::Verdict commit_verdict =
+        coordinator ? decide_commit(gathered_results, my_plan, metadata, writer, rank) : detail::Verdict{};
     const detail::Verdict committed = detail::broadcast_verdict(group, commit_verdict, kCoordinator);
     verdict_pending = false;
     if (plan_failed) detail::accept(my_plan, "plan");

@@ -23,24 +23,8 @@ StateDict SwapOptimizer::Rep::state_dict() {
   // The caller reads the host buffers on the CPU: the downloads into them must be done.
   engine_->synchronize(host_ready_);
   // The wrapped optimizer's states hold the swapped states' host tensors, so its layout is
-  // the swap's. Written here, not by OptimizerState, which refuses a wrapped optimizer.
-  auto& states = optimizer_->state();
-  return write_optimizer_layout(
-      *optimizer_,
-      [&](const torch::optim::OptimizerOptions& options, c10::impl::GenericDict& group) {
-        adapter_->write_options(options, group);
-      },
-      [&](const at::Tensor& param, c10::impl::GenericDict& entry) {
-        torch::optim::OptimizerParamState* state = detail::find_state(states, param);
-        if (state == nullptr) return false;
-        const ParamStateFields fields = adapter_->fields(*state);
-        entry.insert("step", *fields.step);  // every optimizer the swap wraps counts steps
-        const std::vector<std::string>& keys = adapter_->tensor_keys();
-        for (size_t i = 0; i < keys.size(); ++i) {
-          if (fields.tensors[i]->defined()) entry.insert(keys[i], *fields.tensors[i]);
-        }
-        return true;
-      });
+  // the swap's (written here, not by an OptimizerState, which refuses a wrapped optimizer).
+  return write_adapter_state(*adapter_, *optimizer_);
 }
 
 namespace {

@@ -294,9 +294,9 @@ class HostRun {
         }
       }
       if (replaced) value = c10::IValue(std::move(list));
-    } else if (value.isDevice() && value.toDevice().type() == c10::DeviceType::PrivateUse1) {
-      device_argument_ = value.toDevice();  // a factory's: its results go there
-      value = c10::IValue(c10::Device(c10::kCPU));
+    } else if (value.isDevice()) {
+      device_argument_ = value.toDevice();  // a factory's or a copy's: its results go there
+      if (device_argument_->type() == c10::DeviceType::PrivateUse1) value = c10::IValue(c10::Device(c10::kCPU));
     }
   }
 

@@ -144,18 +144,22 @@ OptimizerState::OptimizerState(std::shared_ptr<torch::optim::Optimizer> optimize
 
 StateDict OptimizerState::state_dict() {
   check_not_claimed();
-  auto& states = optimizer_->state();
+  return write_adapter_state(*adapter_, *optimizer_);
+}
+
+StateDict write_adapter_state(const OptimizerAdapter& adapter, torch::optim::Optimizer& optimizer) {
+  auto& states = optimizer.state();
   return write_optimizer_layout(
-      *optimizer_,
+      optimizer,
       [&](const torch::optim::OptimizerOptions& options, c10::impl::GenericDict& group) {
-        adapter_->write_options(options, group);
+        adapter.write_options(options, group);
       },
       [&](const at::Tensor& param, c10::impl::GenericDict& entry) {
         torch::optim::OptimizerParamState* state = detail::find_state(states, param);
         if (state == nullptr) return false;
-        const ParamStateFields fields = adapter_->fields(*state);
+        const ParamStateFields fields = adapter.fields(*state);
         if (fields.step != nullptr) entry.insert("step", *fields.step);
-        const std::vector<std::string>& keys = adapter_->tensor_keys();
+        const std::vector<std::string>& keys = adapter.tensor_keys();
         for (size_t i = 0; i < keys.size(); ++i) {
           if (fields.tensors[i]->defined()) entry.insert(keys[i], *fields.tensors[i]);
         }

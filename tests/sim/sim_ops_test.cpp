@@ -192,10 +192,11 @@ TEST(SimOps, AViewAnOpReturnsSharesTheDeviceTensorsMemory) {
 
 // ---------------------------------------------------------------- hazards
 
-// Copies slow enough that a queued one is still queued when the op runs.
+// Copies slow enough that a queued one is still queued when the op runs, on a busy machine
+// too (a gate that the test opens would not depend on time at all: issue 38).
 class SimOpsHazards : public ::testing::Test {
  protected:
-  void SetUp() override { sim::set_copy_delay(20000, 20000); }
+  void SetUp() override { sim::set_copy_delay(400000, 400000); }
   void TearDown() override {
     sim::synchronize_all();
     sim::set_copy_delay(0, 200);

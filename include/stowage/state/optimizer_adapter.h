@@ -7,6 +7,8 @@
 // stowage::optim registers its MasterAdamW; a user can register an optimizer of their own
 // the same way.
 
+#include <stowage/state/state_dict.h>
+
 #include <ATen/core/Dict.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
@@ -88,6 +90,11 @@ void release_optimizer_claim(const torch::optim::Optimizer& optimizer);
 std::string optimizer_claimant(const torch::optim::Optimizer& optimizer);
 
 // The adapters this module registers.
+// The states of `optimizer` in PyTorch's layout (state/stateful.h's OptimizerState), each
+// parameter's fields as `adapter` reads them; tensors alias the states. Checks no claim:
+// a wrapper writes its wrapped optimizer's states with it.
+StateDict write_adapter_state(const OptimizerAdapter& adapter, torch::optim::Optimizer& optimizer);
+
 const OptimizerAdapter& adam_adapter();
 const OptimizerAdapter& adamw_adapter();
 const OptimizerAdapter& sgd_adapter();
