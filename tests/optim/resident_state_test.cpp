@@ -44,7 +44,7 @@ TEST_P(ResidentState, TheSwapCountsItsUnswappedStatesOnly) {
 INSTANTIATE_TEST_SUITE_P(Modes, ResidentState, ::testing::ValuesIn(testing::swap_modes()), testing::mode_name);
 
 TEST(ResidentStateZero, APlainShareCountsEveryStateAndASwappedOneItsUnswappedStates) {
-  auto factory = [](std::vector<at::Tensor> share) { return testing::adamw(share); };
+  auto factory = [](const std::vector<at::Tensor>& share) { return testing::adamw(share); };
   auto params = make_params(kShapes);
   ZeroRedundancyOptimizer plain(params, factory, std::nullopt);
   set_grads(params, 0);

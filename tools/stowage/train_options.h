@@ -34,7 +34,8 @@ struct TrainOptions {
   int64_t ckpt_every = 50;                 // 0: no checkpoints
   int64_t keep = 3;
   bool resume = false;
-  std::string resume_from;  // another checkpoint to start from (stowage's or PyTorch DCP's)
+  bool allow_config_change = false;  // resume a run with other --corpus, --batch, model sizes or --seed
+  std::string resume_from;           // another checkpoint to start from (stowage's or PyTorch DCP's)
   int64_t log_every = 25;
   int nproc = 1;
   int64_t zero_stage = 2;                    // 1: optimizer state sharded; 2: gradients too
@@ -44,7 +45,6 @@ struct TrainOptions {
   int64_t max_save_failures = 3;             // in a row, with "continue"; 0: no limit
   std::vector<std::string> preempt_signals{"TERM"};
   std::string preempt_grace = "0s";  // 0: no deadline
-  bool allow_config_change = false;  // resume a run with other --corpus, --batch, model sizes or --seed
 };
 
 // --swap-to disk:DIR's directory, or empty for host. Throws InvalidArgument naming the
