@@ -140,8 +140,8 @@ void Trainer::Rep::make_optimizer(const OptimizerFactory& make, at::Generator da
   if (world.group) {
     // Every rank starts from rank 0's parameters, as under DDP, whatever it was seeded with.
     for (const at::Tensor& param : params) {
-      at::Tensor data = param.detach();
-      world.group->broadcast(data, 0);
+      at::Tensor weights = param.detach();  // the parameter's own storage
+      world.group->broadcast(weights, 0);
     }
   }
   optim::ZeroRedundancyOptimizerOptions zero_options;
