@@ -169,8 +169,8 @@ TEST(Trainer, RefusesBadOptionsAndStepsOutOfOrder) {
   torch::nn::Linear model(2, 2);
   auto data = at::make_generator<at::CPUGeneratorImpl>(1);
   trainer.prepare(
-      model.ptr(), [](std::vector<torch::Tensor> share) { return std::make_shared<torch::optim::SGD>(share, 0.1); },
-      data);
+      model.ptr(),
+      [](const std::vector<torch::Tensor>& share) { return std::make_shared<torch::optim::SGD>(share, 0.1); }, data);
   ASSERT_EQ(trainer.restore(), 1);
   trainer.begin_step();
   model->forward(torch::ones({1, 2})).sum().backward();
