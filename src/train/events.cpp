@@ -10,6 +10,10 @@
 
 namespace stowage::train {
 
+double committed_gbps(const dcp::SaveReport& report) {
+  return report.commit_s > 0 ? static_cast<double>(report.bytes) / report.commit_s / 1e9 : 0.0;
+}
+
 MetricsFile::MetricsFile(const std::string& path) : path_(path), file_(path, std::ios::app) {
   if (!file_) util::throw_errno("cannot open the metrics file", path, "open", errno);
 }
@@ -45,7 +49,7 @@ void MetricsFile::checkpoint(const dcp::SaveReport& r) {
   write(nlohmann::json{{"event", "checkpoint"},
                        {"step", r.step},
                        {"staged_ms", r.blocked_s * 1e3},
-                       {"committed_gbps", r.commit_s > 0 ? static_cast<double>(r.bytes) / r.commit_s / 1e9 : 0.0},
+                       {"committed_gbps", committed_gbps(r)},
                        {"bytes", r.bytes},
                        {"path", r.path}}
             .dump());

@@ -116,13 +116,13 @@ void Progress::checkpoint(const dcp::SaveReport& r) {
   }
   if (!r.error.empty()) warning(fmt::format("checkpoint step {} committed, but {}", r.step, r.error));
   const double staged_ms = r.blocked_s * 1e3;
-  const double committed_gbps = r.commit_s > 0 ? static_cast<double>(r.bytes) / r.commit_s / 1e9 : 0.0;
-  last_checkpoint_ = fmt::format("ckpt@{} staged {:.0f} ms, committed {:.2f} GB/s", r.step, staged_ms, committed_gbps);
+  const double gbps = train::committed_gbps(r);
+  last_checkpoint_ = fmt::format("ckpt@{} staged {:.0f} ms, committed {:.2f} GB/s", r.step, staged_ms, gbps);
   if (interactive_) {
     draw();
   } else {
     fmt::print("checkpoint step {}: {} staged in {:.1f} ms, committed at {:.2f} GB/s -> {}\n", r.step,
-               format_bytes(r.bytes), staged_ms, committed_gbps, r.path);
+               format_bytes(r.bytes), staged_ms, gbps, r.path);
     std::fflush(stdout);
   }
 }

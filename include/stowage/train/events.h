@@ -40,6 +40,10 @@ struct StepRecord {
   int64_t optimizer_host_bytes = 0;      // host buffers of the optimizer's swapped states
 };
 
+// A committed save's throughput: its bytes over the time from save() to its commit, in
+// GB/s (0 when no time was measured). metrics.jsonl's "committed_gbps".
+double committed_gbps(const dcp::SaveReport& report);
+
 // A run's end, as Trainer::finish() reports it.
 struct RunSummary {
   int64_t first_step = 0;  // the first step this process trained; > last_step: none
