@@ -5,14 +5,28 @@ Each file of src/<module>/ and include/stowage/<module>/ may include stowage's h
 only from its own module and the modules its rule lists; src/dcp/format and
 src/dcp/storage are layers of their own, and dcp's public headers (<stowage/dcp/...>,
 "dcp-api") are open to the layers below dcp's coordination, its private ones ("dcp/...")
-are not. Prints each include that breaks a rule and exits 1, or how many files it checked
-and exits 0.
+are not. A public header includes only public headers.
+
+An include is judged by the file it names, found as the compiler finds it (a quoted name
+next to the including file first, then under include/ and src/, the library's include
+directories), so that "../dcp/format/codec.h" or <dcp/format/codec.h> is the private
+header it is; a name that climbs out of src/ and include/ breaks the rules, and so does
+an include the check cannot read (a macro), a file in a folder without a rule, and every
+spelling of the directive (continued lines, #include_next, #import).
+
+Prints each include that breaks a rule and exits 1, or how many files it checked and
+exits 0. Every run first checks itself on a temporary tree with a violation of each kind
+planted (exit 2 if one goes unreported or a clean include is reported);
+--self-test runs only that.
 
     python3 tests/layout/check_layers.py [REPO]
+    python3 tests/layout/check_layers.py --self-test
 """
+import os
 import pathlib
 import re
 import sys
+import tempfile
 
 TOP = {"error.h", "build_info.h", "version.h"}  # include/stowage/*.h besides the umbrella
 # What each layer may include besides itself and the headers in TOP.
@@ -34,20 +48,40 @@ RULES = {
 MODULES = {"util", "memory", "state", "dist", "activation", "sim", "dcp", "interop", "optim", "train"}
 # The old public paths of the interop headers, which forward to them for one release.
 FORWARDERS = {"include/stowage/dcp/torch_dcp_reader.h", "include/stowage/dcp/safetensors.h"}
+SOURCE_SUFFIXES = {".h", ".hh", ".hpp", ".hxx", ".inc", ".inl", ".ipp", ".tpp", ".c", ".cc", ".cpp", ".cxx", ".cu",
+                   ".cuh"}
+# The library's include directories, in the compiler's order after a quoted name's own folder.
+INCLUDE_ROOTS = ("include", "src")
+DIRECTIVE = re.compile(r"\s*#\s*(include_next|include|import)\b\s*(.*)")
+OUTSIDE = "outside"  # a path out of src/ and include/
 
 
-def layer_of_file(path):
-    parts = path.parts
-    if parts[0] == "src" and len(parts) > 2:
+def layer_of_path(parts):
+    """The layer of a file at repo-relative `parts`: a module, "dcp-api", "top",
+    "umbrella", "pch" (src/pch.h) or OUTSIDE."""
+    if len(parts) >= 2 and parts[0] == "src":
+        if len(parts) == 2:
+            return "pch" if parts[1] == "pch.h" else OUTSIDE
         if parts[1] == "dcp" and len(parts) > 3 and parts[2] in ("format", "storage"):
             return "dcp/" + parts[2]
         return parts[1]
-    if parts[0] == "include" and len(parts) > 3:
+    if len(parts) >= 3 and parts[0] == "include" and parts[1] == "stowage":
+        if len(parts) == 3:
+            return "top" if parts[2] in TOP else "umbrella"
         return "dcp-api" if parts[2] == "dcp" else parts[2]
-    return None  # src/pch.h, the umbrella headers
+    return OUTSIDE
 
 
-def layer_of_include(name, quoted):
+def layer_of_file(relative):
+    """The layer whose rule a file follows, or None for the files no rule covers
+    (src/pch.h, the umbrella and top-level headers)."""
+    layer = layer_of_path(relative.parts)
+    return None if layer in ("pch", "top", "umbrella", OUTSIDE) else layer
+
+
+def layer_of_name(name, quoted):
+    """An include's layer from its name alone (a header that is not in the tree, such as
+    the generated <stowage/version.h>), or None for one that is not stowage's."""
     parts = name.split("/")
     if not quoted:
         if parts[0] != "stowage":
@@ -62,34 +96,167 @@ def layer_of_include(name, quoted):
     return parts[0]
 
 
-def main():
-    repo = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve()
+def relative_parts(repo, path):
+    """`path` (absolute, normalized) relative to `repo` as parts, or None outside it."""
+    try:
+        return pathlib.PurePath(path).relative_to(repo).parts
+    except ValueError:
+        return None
+
+
+def target_of(repo, file, name, quoted):
+    """(layer, where) of what `file` includes as `name`: where is the repo-relative path
+    it resolves to, or None for a name judged by itself."""
+    folders = ([str(file.parent)] if quoted else []) + [str(repo / root) for root in INCLUDE_ROOTS]
+    for folder in folders:
+        candidate = os.path.normpath(os.path.join(folder, name))
+        if os.path.isfile(candidate):
+            parts = relative_parts(repo, candidate)
+            if parts is None:
+                return OUTSIDE, candidate
+            return layer_of_path(parts), "/".join(parts)
+    # Not in the tree: a climbing or absolute name is judged by where it points.
+    if os.path.isabs(name) or ".." in name.split("/"):
+        candidate = os.path.normpath(os.path.join(folders[0], name))
+        parts = relative_parts(repo, candidate)
+        return (OUTSIDE, candidate) if parts is None else (layer_of_path(parts), "/".join(parts))
+    return layer_of_name(name, quoted), None
+
+
+def directives(text):
+    """(line number, directive, argument) of each include, continued lines joined."""
+    lines = text.split("\n")
+    number = 0
+    while number < len(lines):
+        start = number
+        line = lines[number]
+        while line.endswith("\\") and number + 1 < len(lines):
+            number += 1
+            line = line[:-1] + lines[number]
+        number += 1
+        match = DIRECTIVE.match(line)
+        if match:
+            yield start + 1, match.group(1), match.group(2)
+
+
+def include_problems(repo, file, relative, layer):
+    """Each include of `file` (of `layer`) that breaks a rule, as a line to print."""
+    allowed = RULES[layer] | {layer, "top"}
+    public = relative.parts[0] == "include"
+    problems = []
+    for number, directive, argument in directives(file.read_text(errors="replace")):
+        where = f"{relative}:{number}"
+        spelled = re.match(r'([<"])([^>"]+)[>"]', argument)
+        if not spelled:
+            problems.append(f"{where}: #{directive} {argument.strip()}: an include the check cannot read")
+            continue
+        name = spelled.group(2)
+        target, resolved = target_of(repo, file, name, spelled.group(1) == '"')
+        shown = name if resolved is None or resolved == name else f"{name} = {resolved}"
+        if target == OUTSIDE:
+            problems.append(f"{where}: {layer} may not include {shown} (outside src/ and include/)")
+        elif public and resolved is not None and resolved.startswith("src/"):
+            problems.append(f"{where}: the public header may not include the private {shown}")
+        elif target is None or target in allowed:
+            continue
+        elif str(relative) in FORWARDERS and target == "interop":
+            continue
+        else:
+            problems.append(f"{where}: {layer} may not include {shown} ({target})")
+    return problems
+
+
+def check(repo):
+    """(every problem, how many files were checked) for the tree at `repo`."""
+    repo = pathlib.Path(repo).resolve()
+    files = sorted(p for d in ("src", "include") for p in (repo / d).rglob("*")
+                   if p.is_file() and p.suffix in SOURCE_SUFFIXES)
     broken = []
-    files = sorted(p for d in ("src", "include") for p in (repo / d).rglob("*") if p.suffix in (".h", ".cpp"))
     for file in files:
         relative = file.relative_to(repo)
         layer = layer_of_file(relative)
         if layer is None:
             continue
-        allowed = RULES[layer] | {layer, "top"}
-        for number, line in enumerate(file.read_text().splitlines(), 1):
-            match = re.match(r'\s*#\s*include\s*([<"])([^>"]+)[>"]', line)
-            if not match:
-                continue
-            target = layer_of_include(match.group(2), match.group(1) == '"')
-            if target is None or target in allowed:
-                continue
-            if str(relative) in FORWARDERS and target == "interop":
-                continue
-            broken.append(f"{relative}:{number}: {layer} may not include {match.group(2)} ({target})")
+        if layer not in RULES:
+            broken.append(f"{relative}: the folder {layer} has no rule in docs/ARCHITECTURE.md (nor in this check)")
+            continue
+        broken.extend(include_problems(repo, file, relative, layer))
+    return broken, len(files)
+
+
+# The self-test's tree: each file's text; "# BAD" ends a line the check must report, and
+# a file marked "// BAD FILE" must be reported as a whole.
+SELF_TEST_TREE = {
+    "include/stowage/error.h": "",
+    "include/stowage/dcp/checkpoint.h": "#include <stowage/state/state_dict.h>\n",
+    "include/stowage/state/state_dict.h": "#include <stowage/error.h>\n",
+    "include/stowage/train/trainer.h": (
+        "#include <stowage/dcp/checkpoint.h>\n"
+        '#include "optim/swap_env.h"  # BAD: a public header, a private one\n'),
+    "src/util/errno_error.h": "#include <vector>\n#include <fmt/format.h>\n",
+    "src/util/ok.cpp": '#include "errno_error.h"\n#include "util/errno_error.h"\n#include <stowage/version.h>\n',
+    "src/util/climb.cpp": '#include "../dcp/format/codec.h"  # BAD\n',
+    "src/util/climb_twice.cpp": '#include "./../memory/../dcp/format/codec.h"  # BAD\n',
+    "src/util/angle.cpp": "#include <dcp/format/codec.h>  # BAD: found under src/\n",
+    "src/util/angle_climb.cpp": "#include <stowage/../../src/dcp/format/codec.h>  # BAD\n",
+    "src/util/spaced.cpp": '  #   include   "dcp/format/codec.h"  # BAD\n',
+    "src/util/continued.cpp": '#include \\\n  "dcp/format/codec.h"  # BAD\n',
+    "src/util/next.cpp": "#include_next <stowage/dcp/checkpoint.h>  # BAD\n#import \"dcp/save.h\"  # BAD\n",
+    "src/util/macro.cpp": '#define HEADER "dcp/format/codec.h"\n#include HEADER  # BAD\n',
+    "src/util/other_suffix.hpp": '#include "dcp/format/codec.h"  # BAD\n',
+    "src/util/out_of_the_library.cpp": '#include "../../tools/stowage/commands.h"  # BAD\n',
+    "src/util/absolute.cpp": '#include "/usr/include/nowhere/dcp.h"  # BAD\n',
+    "src/memory/ok.cpp": '#include "util/errno_error.h"\n#include "../util/errno_error.h"\n',
+    "src/dcp/format/codec.h": "#include <stowage/dcp/checkpoint.h>\n",
+    "src/dcp/save.h": '#include "dcp/format/codec.h"\n#include "format/codec.h"\n',
+    "src/optim/swap_env.h": "",
+    "src/newmodule/thing.cpp": "// BAD FILE: a folder without a rule\n",
+    "tools/stowage/commands.h": "",
+}
+
+
+def self_test():
+    """Problems with the check itself: planted violations it missed, clean lines it reported."""
+    with tempfile.TemporaryDirectory(prefix="check-layers-") as tree:
+        expected = set()
+        for path, text in SELF_TEST_TREE.items():
+            target = pathlib.Path(tree, path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+            if "// BAD FILE" in text:
+                expected.add(path)
+            for number, line in enumerate(text.split("\n"), 1):
+                if "# BAD" in line:  # a continued directive is reported at its first line
+                    first = number
+                    while first > 1 and text.split("\n")[first - 2].endswith("\\"):
+                        first -= 1
+                    expected.add(f"{path}:{first}")
+        broken, _ = check(tree)
+        reported = {line.split(": ", 1)[0] for line in broken}
+        missed = sorted(expected - reported)
+        extra = sorted(line for line in broken if line.split(": ", 1)[0] not in expected)
+        return [f"self-test: a planted violation went unreported: {where}" for where in missed] + \
+               [f"self-test: a clean include was reported: {line}" for line in extra]
+
+
+def main(argv):
+    failures = self_test()
+    for line in failures:
+        print(line)
+    if failures:
+        return 2
+    if argv[1:] == ["--self-test"]:
+        print(f"self-test: every planted violation was reported, nothing else")
+        return 0
+    broken, count = check(argv[1] if len(argv) > 1 else ".")
     for line in broken:
         print(line)
     if broken:
         print(f"{len(broken)} includes break the rules of docs/ARCHITECTURE.md")
         return 1
-    print(f"{len(files)} files follow the include rules of docs/ARCHITECTURE.md")
+    print(f"{count} files follow the include rules of docs/ARCHITECTURE.md")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv))
