@@ -5,6 +5,7 @@
 #include "dcp/rank_outcomes.h"
 #include "dcp/saveable.h"
 #include "dcp/storage/file_io.h"
+#include "util/intra_op_threads.h"
 
 #include <stowage/dcp/checkpoint.h>
 #include <stowage/error.h>
@@ -323,6 +324,7 @@ AsyncSaveResponse async_save(const StateDict& state, StorageWriter& writer, Asyn
   // would hold the snapshot's buffers until async_save returns.
   auto run = [&writer, background, snapshot = std::exchange(snapshot, StateDict()), layouts, staging, upload,
               early_error, save_group, previous_save, rank]() mutable {
+    util::run_aten_serially_on_this_thread();
     std::optional<Metadata> committed;
     std::exception_ptr failure;
     try {

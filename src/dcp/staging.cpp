@@ -1,4 +1,5 @@
 #include "dcp/saveable.h"
+#include "util/intra_op_threads.h"
 
 #include <stowage/dcp/staging.h>
 #include <stowage/error.h>
@@ -190,6 +191,7 @@ void DefaultStager::start_worker() {
 }
 
 void DefaultStager::worker_loop() {
+  util::run_aten_serially_on_this_thread();
   for (;;) {
     std::function<void()> job;
     {

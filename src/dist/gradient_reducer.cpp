@@ -1,6 +1,8 @@
 #include <stowage/dist/gradient_reducer.h>
 #include <stowage/error.h>
 
+#include "util/intra_op_threads.h"
+
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -395,6 +397,7 @@ struct GradientReducer::State {
   }
 
   void run_worker() {
+    util::run_aten_serially_on_this_thread();
     std::unique_lock<std::mutex> lock(mutex);
     while (true) {
       changed.wait(lock, [&] { return stopping || reduced < sent; });

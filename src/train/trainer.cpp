@@ -8,6 +8,8 @@
 #include <stowage/state/stateful.h>
 #include <stowage/state/training_progress.h>
 
+#include "util/intra_op_threads.h"
+
 #include <ATen/ops/full.h>
 #include <fmt/format.h>
 #include <torch/nn/module.h>
@@ -337,6 +339,8 @@ void Trainer::prepare(std::shared_ptr<torch::nn::Module> model, const OptimizerF
   r.model = std::move(model);
   r.make_optimizer(make_optimizer, std::move(data));
   r.claim_run_directory();
+  const std::string blas_conflict = util::blas_thread_conflict();
+  if (!blas_conflict.empty() && r.events) r.events->warning(blas_conflict);
 }
 
 int64_t Trainer::restore() {

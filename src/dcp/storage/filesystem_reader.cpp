@@ -1,6 +1,7 @@
 #include "dcp/storage/chunk_reader.h"
 #include "dcp/storage/file_io.h"
 #include "dcp/storage/mapped_file.h"
+#include "util/intra_op_threads.h"
 #include "util/error_context.h"
 
 #include <stowage/dcp/filesystem.h>
@@ -194,7 +195,12 @@ void FileSystemReader::run_reads(std::vector<ChunkRead>& reads, bool verify_only
   const size_t hardware = std::max(1u, std::thread::hardware_concurrency());
   const size_t threads = std::min<size_t>({hardware, reads.size(), size_t(total / kBytesPerReadThread) + 1, 8});
   std::vector<std::thread> helpers;
-  for (size_t t = 1; t < threads; ++t) helpers.emplace_back(worker);
+  for (size_t t = 1; t < threads; ++t) {
+    helpers.emplace_back([&worker] {
+      util::run_aten_serially_on_this_thread();
+      worker();
+    });
+  }
   worker();
   for (std::thread& helper : helpers) helper.join();
   bytes_checked_ += bytes_checked.load();

@@ -2,6 +2,7 @@
 #include "dcp/storage/copy_ahead.h"
 #include "dcp/storage/file_io.h"
 #include "util/error_context.h"
+#include "util/intra_op_threads.h"
 
 #include <stowage/dcp/filesystem.h>
 #include <stowage/error.h>
@@ -253,7 +254,12 @@ std::vector<WriteResult> FileSystemWriter::write_data(const SavePlan& plan, std:
   };
   std::vector<std::thread> helpers;
   const size_t thread_count = std::min<size_t>(jobs.size(), static_cast<size_t>(options_.thread_count()));
-  for (size_t t = 1; t < thread_count; ++t) helpers.emplace_back(worker);
+  for (size_t t = 1; t < thread_count; ++t) {
+    helpers.emplace_back([&worker] {
+      util::run_aten_serially_on_this_thread();
+      worker();
+    });
+  }
   worker();
   for (std::thread& helper : helpers) helper.join();
   if (first_error) std::rethrow_exception(first_error);

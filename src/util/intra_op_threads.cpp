@@ -1,0 +1,30 @@
+#include "util/intra_op_threads.h"
+
+#include <ATen/Parallel.h>
+
+// Looked up in the libraries ATen loaded, never linked by stowage: weak, so that stowage
+// brings no OpenMP runtime or BLAS of its own and loads beside a LibTorch without either.
+// OpenMP: the calling thread's team size (libgomp, or the runtime a LibTorch wheel ships).
+extern "C" void omp_set_num_threads(int) __attribute__((weak));
+// OpenBLAS: 0 built serially, 1 with pthreads, 2 with OpenMP.
+extern "C" int openblas_get_parallel() __attribute__((weak));
+
+namespace stowage::util {
+
+void run_aten_serially_on_this_thread() {
+  // ATen sets a thread's team size at its first op, from the process-wide setting;
+  // get_num_threads makes that happen now, so that it cannot undo ours later.
+  if (at::get_num_threads() == 1 || omp_set_num_threads == nullptr) return;
+  omp_set_num_threads(1);
+}
+
+std::string blas_thread_conflict() {
+  constexpr int kOpenBlasPthreads = 1;
+  if (openblas_get_parallel == nullptr || openblas_get_parallel() != kOpenBlasPthreads) return {};
+  if (at::get_parallel_info().find("OpenMP") == std::string::npos || at::get_num_threads() == 1) return {};
+  return "the BLAS in this process is OpenBLAS built with pthreads, whose threads compete with ATen's OpenMP "
+         "threads for the cores (steps ran 3-5x slower, issue 37): use OpenBLAS's OpenMP build (Debian: "
+         "libopenblas0-openmp, selected with update-alternatives; scripts/setup.sh does both)";
+}
+
+}  // namespace stowage::util
