@@ -1,16 +1,27 @@
 // dist::PreemptionNotice with real signals: a notice signal is kept for the loop to
 // read, a second one or the grace deadline ends the process as the signal would, a
-// disarmed notice ignores both, and the previous handlers come back. The ones that end
-// the process run as death tests (a child process).
+// disarmed notice ignores both, the previous handlers come back, and over a real group
+// every rank learns of one rank's notice at the same agreed(). The ones that end the
+// process, or need a process per rank, run as death tests (a child process).
 
 #include <stowage/dist/preemption.h>
 #include <stowage/error.h>
 
+#include "process_groups.h"
+
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <string>
 #include <thread>
 
 namespace stowage::dist {
@@ -24,6 +35,63 @@ void (*handler_of(int signal))(int) {
   struct sigaction current {};
   sigaction(signal, nullptr, &current);
   return current.sa_handler;
+}
+
+// The threads this process has now.
+int64_t thread_count() {
+  int64_t threads = 0;
+  for ([[maybe_unused]] const auto& task : std::filesystem::directory_iterator("/proc/self/task")) ++threads;
+  return threads;
+}
+
+// What went wrong on `rank` of a two-rank group whose rank 1 alone is signalled, or "".
+std::string check_agreement(const PreemptionNotice& notice, const ProcessGroup& group, int64_t rank) {
+  if (notice.agreed(group)) return "agreed() said yes before any rank had notice";
+  if (rank == 1) std::raise(SIGUSR1);
+  if (!notice.agreed(group)) return "agreed() said no after rank 1's SIGUSR1";
+  if (!notice.received()) return "no notice of its own after agreeing";
+  if (notice.signal_number() != SIGUSR1) return fmt::format("signal {}, not SIGUSR1", notice.signal_number());
+  if (!notice.agreed(group)) return "agreed() said no the second time";
+  return "";
+}
+
+// One rank's part: its notice, its group and check_agreement(); `before_leaving` runs
+// while the group is still up.
+std::string agree_as_rank(int port, int64_t rank, const std::function<void()>& before_leaving) {
+  try {
+    const PreemptionNotice notice(PreemptionOptions().signals({SIGTERM, SIGUSR1}));
+    const ProcessGroup group =
+        init_process_group("127.0.0.1", port, rank, 2, ProcessGroupOptions().timeout(std::chrono::seconds(60)));
+    const std::string problem = check_agreement(notice, group, rank);
+    before_leaving();
+    return problem;
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+// Ranks 0 (this process) and 1 (a child) of one group over loopback, each with a notice of
+// its own (one per process: signal dispositions are process-wide). Returns 0 if both saw
+// what check_agreement() expects; says on stderr what went wrong.
+int agree_over_two_processes() {
+  const int port = stowage::testing::free_port();
+  const pid_t child = fork();
+  if (child < 0) {
+    std::perror("fork");
+    return 2;
+  }
+  if (child == 0) {
+    const std::string problem = agree_as_rank(port, 1, [] {});
+    if (!problem.empty()) std::fprintf(stderr, "rank 1: %s\n", problem.c_str());
+    _exit(problem.empty() ? 0 : 1);
+  }
+  int status = -1;
+  // Rank 0 hosts the store: it leaves once rank 1 has, so that no collective of rank 1's
+  // loses its peer midway.
+  const std::string problem = agree_as_rank(port, 0, [&] { waitpid(child, &status, 0); });
+  if (status == -1) waitpid(child, &status, 0);  // rank 0 failed before it got there
+  if (!problem.empty()) std::fprintf(stderr, "rank 0: %s\n", problem.c_str());
+  return problem.empty() && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }
 
 class DistPreemption : public ::testing::Test {
@@ -90,17 +158,34 @@ TEST_F(DistPreemption, TheGraceDeadlineEndsTheProcess) {
       ::testing::KilledBySignal(SIGTERM), "the preemption grace of 0.1 s ran out");
 }
 
+// Judged by state, not by time: the deadline is an hour away, and disarm() must have
+// ended the watchdog that would keep it (its thread is gone once disarm() returns), while
+// a second signal, which would end an armed notice's process at once, is ignored.
 TEST_F(DistPreemption, ADisarmedNoticeIgnoresSignalsAndItsDeadline) {
   EXPECT_EXIT(
       {
-        PreemptionNotice notice(PreemptionOptions().grace(milliseconds(50)));
+        const int64_t before = thread_count();
+        PreemptionNotice notice(PreemptionOptions().grace(std::chrono::hours(1)));
+        if (thread_count() != before + 1) {
+          std::fprintf(stderr, "no watchdog thread: %lld threads, %lld before\n",
+                       static_cast<long long>(thread_count()), static_cast<long long>(before));
+          std::exit(3);
+        }
         std::raise(SIGTERM);
         notice.disarm();
         std::raise(SIGTERM);
-        std::this_thread::sleep_for(milliseconds(300));
-        std::exit(0);
+        if (thread_count() != before) {
+          std::fprintf(stderr, "the watchdog outlived disarm(): %lld threads, %lld before\n",
+                       static_cast<long long>(thread_count()), static_cast<long long>(before));
+          std::exit(4);
+        }
+        std::exit(notice.signal_number() == SIGTERM ? 0 : 5);
       },
       ::testing::ExitedWithCode(0), "");
+}
+
+TEST_F(DistPreemption, OverAGroupEveryRankAgreesAtTheCallAfterOneRankGotNotice) {
+  EXPECT_EXIT(std::exit(agree_over_two_processes()), ::testing::ExitedWithCode(0), "");
 }
 
 TEST_F(DistPreemption, BadOptionsAreRefusedByName) {
