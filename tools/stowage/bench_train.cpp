@@ -5,7 +5,9 @@
 // checkpoint_sequential, torch.optim.AdamW, dcp.async_save with a DefaultStager), the
 // two taking turns round by round, on 1 or 2 ranks (--nproc). Besides tokens per second
 // it reports each side's dip: how much slower the steps right after a checkpoint are
-// than the steps far from any (issue 24).
+// than the steps far from any (issue 24); and stowage's far steps against the steps of
+// the same run without checkpoints, run in the same rounds, and against its steps before
+// the first checkpoint (issue 37: a save must not change the steps after it).
 #include "child_process.h"
 #include "cli_numbers.h"
 #include "commands.h"
@@ -25,7 +27,6 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
-#include <regex>
 #include <utility>
 
 namespace stowage::cli {
@@ -156,12 +157,14 @@ Dip measure_dip(const TrainRun& run, const DipSchedule& schedule, const std::str
   return dip;
 }
 
-// Rank 0's step times and commits from `stowage train`'s metrics.jsonl. A checkpoint's
-// line comes before the line of the step in which the loop saw it committed.
+// Rank 0's step times and commits, and the loop's time and losses (its end record), from
+// `stowage train`'s metrics.jsonl. A checkpoint's line comes before the line of the step
+// in which the loop saw it committed.
 void read_stowage_metrics(const std::string& path, TrainRun& run) {
   std::ifstream in(path);
   if (!in) throw Error(fmt::format("bench train: cannot read `stowage train`'s metrics '{}'", path));
   std::vector<int64_t> committed_since_last_step;
+  nlohmann::json end;
   std::string line;
   for (int64_t line_number = 1; std::getline(in, line); ++line_number) {
     const nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
@@ -169,6 +172,7 @@ void read_stowage_metrics(const std::string& path, TrainRun& run) {
       throw Error(fmt::format("bench train: line {} of '{}' is no metrics record: {}", line_number, path, line));
     }
     if (record["event"] == "checkpoint") committed_since_last_step.push_back(record.at("step").get<int64_t>());
+    if (record["event"] == "end") end = record;
     if (record["event"] != "step") continue;
     const int64_t step = record.at("step").get<int64_t>();
     if (step != static_cast<int64_t>(run.step_seconds.size()) + 1) {
@@ -179,6 +183,10 @@ void read_stowage_metrics(const std::string& path, TrainRun& run) {
     for (const int64_t checkpoint : committed_since_last_step) run.commits_seen.emplace_back(checkpoint, step);
     committed_since_last_step.clear();
   }
+  if (!end.is_object()) throw Error(fmt::format("bench train: '{}' has no end record: the run did not finish", path));
+  run.seconds = end.at("seconds").get<double>();
+  run.first_loss = end.at("first_loss").get<double>();
+  run.last_loss = end.at("last_loss").get<double>();
 }
 
 // The command line of `stowage train` for the run `t`, into `run_dir`.
@@ -205,29 +213,20 @@ std::vector<std::string> stowage_train_command(const TrainOptions& t, const std:
 }
 
 // `stowage train` itself, plain AdamW (--swap-times 0) as the PyTorch script's, in a new
-// run directory. Its time is the one its last line reports ("done: steps 1-N in X s,
-// loss A -> B"): the loop, without the process's start-up and the model's construction.
-TrainRun run_stowage_train(const TrainBenchOptions& o, const bench::Scratch& scratch) {
+// run directory. Its time is its end record's: the loop, without the process's start-up
+// and the model's construction.
+TrainRun run_stowage_train(const TrainOptions& train, const bench::Scratch& scratch) {
   const std::string run_dir = scratch.sub("stowage-run");
   std::filesystem::remove_all(run_dir);
-  const std::string output = run_child_or_throw(stowage_train_command(o.train, run_dir),
-                                                scratch.sub("stowage-train.log"), "bench train: `stowage train`");
+  run_child_or_throw(stowage_train_command(train, run_dir), scratch.sub("stowage-train.log"),
+                     "bench train: `stowage train`");
   TrainRun run;
   read_stowage_metrics(run_dir + "/metrics.jsonl", run);
   std::filesystem::remove_all(run_dir);
-  static const std::regex done(R"(done: steps 1-(\d+) in ([0-9.]+) s, loss ([0-9.naif-]+) -> ([0-9.naif-]+))");
-  std::smatch match;
-  if (!std::regex_search(output, match, done) || std::stoll(match[1]) != o.train.steps) {
-    throw Error(fmt::format("bench train: `stowage train` did not report its {} steps: {}", o.train.steps, output));
+  if (run.seconds <= 0) {
+    throw Error(
+        fmt::format("bench train: {} steps took `stowage train` no measurable time: give more --steps", train.steps));
   }
-  const double seconds = std::stod(match[2]);
-  if (seconds <= 0) {
-    throw Error(fmt::format("bench train: {} steps took `stowage train` under the 0.1 s it reports: give more --steps",
-                            o.train.steps));
-  }
-  run.seconds = seconds;
-  run.first_loss = std::stod(match[3]);
-  run.last_loss = std::stod(match[4]);
   return run;
 }
 
@@ -326,13 +325,51 @@ void add_dip_figures(nlohmann::json& out, const TrainBenchOptions& o, const DipS
   out["dip_target_met"] = met;
 }
 
+// Steps that run as steps run with no checkpoint (issue 37): the median far step against
+// the median step of the same run without checkpoints, and the far steps before the first
+// checkpoint against those after it; medians of the rounds.
+void add_steady_figures(nlohmann::json& out, const DipSchedule& schedule, const std::vector<TrainRun>& stowage_runs,
+                        const std::vector<TrainRun>& unsaved_runs) {
+  constexpr double kSteadyLimit = 1.02;
+  const auto median_of = [](const TrainRun& run, const std::vector<int64_t>& steps) {
+    std::vector<double> seconds;
+    for (const int64_t step : steps) seconds.push_back(run.step_seconds[static_cast<size_t>(step - 1)]);
+    return bench::median(seconds);
+  };
+  std::vector<int64_t> before, after, all_past_warmup;
+  for (const int64_t step : schedule.far) (step < schedule.checkpoints.front() ? before : after).push_back(step);
+  for (int64_t step = kDipWarmupSteps + 1; step <= schedule.checkpoints.back(); ++step) all_past_warmup.push_back(step);
+  std::vector<double> far, steady, first, later;
+  for (const TrainRun& run : stowage_runs) {
+    far.push_back(median_of(run, schedule.far));
+    if (!before.empty() && !after.empty()) {
+      first.push_back(median_of(run, before));
+      later.push_back(median_of(run, after));
+    }
+  }
+  for (const TrainRun& run : unsaved_runs) steady.push_back(median_of(run, all_past_warmup));
+  out["stowage_no_checkpoint_step_s"] = bench::median(steady);
+  out["stowage_far_over_no_checkpoint"] = bench::median(far) / bench::median(steady);
+  out["stowage_far_over_no_checkpoint_limit"] = kSteadyLimit;
+  out["stowage_far_over_no_checkpoint_met"] = bench::median(far) <= kSteadyLimit * bench::median(steady);
+  if (!first.empty()) {
+    out["stowage_before_first_checkpoint_step_s"] = bench::median(first);
+    out["stowage_after_first_checkpoint_step_s"] = bench::median(later);
+  }
+}
+
 nlohmann::json run_train_bench(const TrainBenchOptions& o) {
   const DipSchedule schedule = dip_schedule(o);
   const bench::Scratch scratch(o.dir, "train");
   std::unique_ptr<bench::PythonPeer> peer;
   if (o.peer) peer = std::make_unique<bench::PythonPeer>("train_peer.py", std::vector<std::string>{});
-  std::vector<TrainRun> stowage_runs, pytorch_runs;
-  std::vector<std::function<void()>> turns{[&] { stowage_runs.push_back(run_stowage_train(o, scratch)); }};
+  std::vector<TrainRun> stowage_runs, unsaved_runs, pytorch_runs;
+  std::vector<std::function<void()>> turns{[&] { stowage_runs.push_back(run_stowage_train(o.train, scratch)); }};
+  if (!schedule.checkpoints.empty() && schedule.unmeasured.empty()) {
+    TrainOptions unsaved = o.train;  // the same run without checkpoints: the steady step
+    unsaved.ckpt_every = 0;
+    turns.emplace_back([&, unsaved] { unsaved_runs.push_back(run_stowage_train(unsaved, scratch)); });
+  }
   if (peer) turns.emplace_back([&] { pytorch_runs.push_back(run_pytorch_train(o, scratch, *peer)); });
   for (int round = 0; round < o.rounds; ++round) bench::run_round(round, turns);
 
@@ -361,6 +398,7 @@ nlohmann::json run_train_bench(const TrainBenchOptions& o) {
     out["dip_unmeasured"] = schedule.unmeasured;
   } else if (!schedule.checkpoints.empty()) {
     add_dip_figures(out, o, schedule, stowage_runs, pytorch_runs);
+    add_steady_figures(out, schedule, stowage_runs, unsaved_runs);
   }
   return out;
 }
@@ -383,6 +421,16 @@ std::string dip_text(const nlohmann::json& r) {
   if (r.contains("pytorch_dip_mean")) out += line("PyTorch", "pytorch_");
   out += fmt::format("target: {}: {}\n", r["dip_target"].get<std::string>(),
                      r["dip_target_met"].get<bool>() ? "met" : "NOT met");
+  out += fmt::format(
+      "stowage's far step against the same run without checkpoints ({:.1f} ms): {:.3f} x, limit {:.2f}: {}\n",
+      1e3 * r["stowage_no_checkpoint_step_s"].get<double>(), r["stowage_far_over_no_checkpoint"].get<double>(),
+      r["stowage_far_over_no_checkpoint_limit"].get<double>(),
+      r["stowage_far_over_no_checkpoint_met"].get<bool>() ? "met" : "NOT met");
+  if (r.contains("stowage_before_first_checkpoint_step_s")) {
+    out += fmt::format("stowage's far steps before the first checkpoint {:.1f} ms, after it {:.1f} ms\n",
+                       1e3 * r["stowage_before_first_checkpoint_step_s"].get<double>(),
+                       1e3 * r["stowage_after_first_checkpoint_step_s"].get<double>());
+  }
   return out;
 }
 

@@ -1,0 +1,85 @@
+// stowage's threads run ATen serially (src/util/intra_op_threads.h): an op that splits its
+// work on a second thread starts an OpenMP team of that thread's own, and libgomp then
+// throttles the training thread's team for as long as that thread lives (issue 37). These
+// tests count the process's threads: a team of its own would add a worker.
+#include "dcp/test_util.h"
+#include "util/intra_op_threads.h"
+
+#include <stowage/dcp/staging.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <iterator>
+#include <thread>
+
+namespace stowage::dcp {
+namespace {
+
+using testing::state_of;
+
+std::ptrdiff_t process_threads() {
+  return std::distance(std::filesystem::directory_iterator("/proc/self/task"), std::filesystem::directory_iterator());
+}
+
+// Large enough for ATen to split a fill or a copy over its threads.
+at::Tensor large_tensor() {
+  return at::empty({int64_t(1) << 22}).fill_(1.5);
+}
+
+// Two intra-op threads for the test (a machine's default may be one), as `stowage train`
+// gives the training thread by default.
+class TwoIntraOpThreads {
+ public:
+  TwoIntraOpThreads() : previous_(at::get_num_threads()) { at::set_num_threads(2); }
+  ~TwoIntraOpThreads() { at::set_num_threads(previous_); }
+  TwoIntraOpThreads(const TwoIntraOpThreads&) = delete;
+  TwoIntraOpThreads& operator=(const TwoIntraOpThreads&) = delete;
+
+ private:
+  int previous_;
+};
+
+// ATen starts OpenMP teams only under its OpenMP backend.
+bool aten_starts_openmp_teams() {
+  return at::get_parallel_info().find("OpenMP") != std::string::npos;
+}
+
+TEST(IntraOpThreads, AThreadMadeSerialRunsItsOpsOnItselfAlone) {
+  if (!aten_starts_openmp_teams()) GTEST_SKIP() << "ATen here starts no OpenMP team: " << at::get_parallel_info();
+  const TwoIntraOpThreads threads;
+  const int training_threads = at::get_num_threads();
+  large_tensor().mul_(2);  // the training thread's team exists before the count
+  const std::ptrdiff_t before = process_threads();
+  int threads_seen = 0;
+  std::ptrdiff_t during = 0;
+  std::thread background([&] {
+    util::run_aten_serially_on_this_thread();
+    threads_seen = at::get_num_threads();
+    large_tensor().mul_(2);
+    during = process_threads();
+  });
+  background.join();
+  EXPECT_EQ(threads_seen, 1);
+  EXPECT_EQ(during, before + 1) << "the background thread started workers of its own";
+  EXPECT_EQ(at::get_num_threads(), training_threads) << "the training thread's team changed";
+}
+
+TEST(IntraOpThreads, StagingACpuTensorStartsNoTeamOnTheStagingThread) {
+  if (!aten_starts_openmp_teams()) GTEST_SKIP() << "ATen here starts no OpenMP team: " << at::get_parallel_info();
+  const TwoIntraOpThreads threads;
+  large_tensor().mul_(2);
+  const StateDict state = state_of({{"weights", large_tensor()}});
+  const std::ptrdiff_t before = process_threads();
+  DefaultStager stager(StagingOptions().use_pinned_memory(false).use_shared_memory(false));
+  auto staged = stager.stage_in_background(state);
+  ASSERT_TRUE(staged.has_value());
+  EXPECT_TRUE(at::equal(staged->get().at("weights").toTensor(), state.at("weights").toTensor()));
+  // The staging thread lives as long as the stager: it alone is new.
+  EXPECT_EQ(process_threads(), before + 1) << "the staging thread started workers of its own";
+}
+
+}  // namespace
+}  // namespace stowage::dcp
