@@ -5,6 +5,7 @@
 // saves, not the run; a read-only one is a clear error. Every committed checkpoint left
 // behind verifies.
 
+#include "cli/child_signal.h"
 #include "cli/train_util.h"
 
 #include <fmt/format.h>
@@ -67,12 +68,19 @@ class BackgroundTrain {
       execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
       _exit(127);
     }
+    if (pid_ < 0) {
+      ADD_FAILURE() << "fork: " << std::strerror(errno);
+      status_ = 127;  // nothing to wait for, nor to signal
+      return;
+    }
+    setpgid(pid_, pid_);  // here too, so that the group exists before any signal to it
   }
   ~BackgroundTrain() {
     if (status_ < 0) finish();
     std::filesystem::remove(log_);
   }
 
+  // The launcher's pid: a child of this process until finish() has reaped it.
   pid_t pid() const { return pid_; }
   std::string output() const {
     std::ifstream file(log_);
@@ -80,6 +88,7 @@ class BackgroundTrain {
   }
   // Waits until `ready()` (true) or the run ends or two minutes pass (false).
   bool wait_until(const std::function<bool()>& ready) {
+    if (status_ >= 0) return false;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
     while (std::chrono::steady_clock::now() < deadline) {
       if (ready()) return true;
@@ -98,8 +107,10 @@ class BackgroundTrain {
     if (status_ >= 0) return status_;
     if (!wait_until([] { return false; })) {
       if (status_ >= 0) return status_;
-      kill(-pid_, SIGKILL);
-      for (const pid_t rank : ranks_of(run_dir_)) kill(rank, SIGKILL);  // in a group of their own
+      // The ranks first, in a group of their own: once the launcher is gone they are no
+      // longer this process's descendants, and would be refused.
+      for (const pid_t rank : ranks_of(run_dir_)) EXPECT_TRUE(signal_descendant(rank, SIGKILL));
+      EXPECT_TRUE(signal_descendant_group(pid_, SIGKILL));
       ADD_FAILURE() << "the run hung; its output:\n" << output();
     }
     int status = 0;
@@ -145,14 +156,13 @@ bool signal_pending(pid_t pid, int signal) {
   return false;
 }
 
-// SIGTERM to `pid` once the run has logged step 3; returns the run's exit status and
-// the step it says it saved.
-std::pair<int, int> preempt_after_step_three(BackgroundTrain& run, const RunDir& dir,
-                                             const std::function<pid_t()>& target) {
-  EXPECT_TRUE(run.wait_until([&] { return logged_step(dir) >= 3 && target() > 0; })) << run.output();
-  kill(target(), SIGTERM);
-  const int status = run.finish();
-  return {status, preempted_step(run.output())};
+// SIGTERM, once the run has logged step 3, to the process `target()` names then: the pid
+// signalled is the one checked, and a run that ends or stalls first fails the test
+// without a signal.
+void sigterm_after_step_three(BackgroundTrain& run, const RunDir& dir, const std::function<pid_t()>& target) {
+  pid_t pid = -1;
+  ASSERT_TRUE(run.wait_until([&] { return logged_step(dir) >= 3 && (pid = target()) > 0; })) << run.output();
+  ASSERT_TRUE(signal_descendant(pid, SIGTERM)) << run.output();
 }
 
 // A save is in flight at every step (--ckpt-every 1): the signal lands during one.
@@ -161,8 +171,9 @@ TEST(TrainPreempt, SigtermDuringASaveSavesTheStepTheRunIsOnAndResumeEndsBitIdent
   const std::string args = "--steps 40 --ckpt-every 1";
   ASSERT_EQ(train(straight, args).status, 0);
   BackgroundTrain run(preempted, args);
-  const auto [status, step] = preempt_after_step_three(run, preempted, [&] { return run.pid(); });
-  ASSERT_EQ(status, kPreemptedStatus) << run.output();
+  ASSERT_NO_FATAL_FAILURE(sigterm_after_step_three(run, preempted, [&] { return run.pid(); }));
+  ASSERT_EQ(run.finish(), kPreemptedStatus) << run.output();
+  const int step = preempted_step(run.output());
   ASSERT_GE(step, 3) << run.output();
   ASSERT_LT(step, 40) << "the run ended before the signal: " << run.output();
   EXPECT_TRUE(fs::exists(fs::path(step_dir(preempted, step)) / ".metadata.json"));
@@ -179,8 +190,9 @@ TEST(TrainPreempt, WhenOneOfTwoRanksIsSignalledBothSaveTheSameStep) {
   const std::string args = "--nproc 2 --steps 30 --ckpt-every 10";
   ASSERT_EQ(train(straight, args).status, 0);
   BackgroundTrain run(preempted, args);
-  const auto [status, step] = preempt_after_step_three(run, preempted, [&] { return rank_pid(preempted, 1); });
-  ASSERT_EQ(status, kPreemptedStatus) << run.output();
+  ASSERT_NO_FATAL_FAILURE(sigterm_after_step_three(run, preempted, [&] { return rank_pid(preempted, 1); }));
+  ASSERT_EQ(run.finish(), kPreemptedStatus) << run.output();
+  const int step = preempted_step(run.output());
   ASSERT_GE(step, 3) << run.output();
   ASSERT_LT(step, 30) << "the run ended before the signal: " << run.output();
   expect_every_committed_checkpoint_verifies(preempted);
@@ -197,7 +209,7 @@ TEST(TrainPreempt, SigtermToTheLaunchersProcessGroupReachesEachRankOnce) {
   RunDir preempted;
   BackgroundTrain run(preempted, "--nproc 2 --steps 300 --ckpt-every 10");
   ASSERT_TRUE(run.wait_until([&] { return logged_step(preempted) >= 3; })) << run.output();
-  kill(-run.pid(), SIGTERM);
+  ASSERT_TRUE(signal_descendant_group(run.pid(), SIGTERM));
   ASSERT_EQ(run.finish(), kPreemptedStatus) << run.output();
   const int step = preempted_step(run.output());
   ASSERT_GE(step, 3) << run.output();
@@ -211,10 +223,10 @@ TEST(TrainPreempt, ASecondSigtermExitsAtOnceAndCorruptsNothing) {
   const std::string args = "--steps 400 --ckpt-every 1 --keep 50";
   BackgroundTrain run(dir, args);
   ASSERT_TRUE(run.wait_until([&] { return logged_step(dir) >= 3; })) << run.output();
-  kill(run.pid(), SIGTERM);
+  ASSERT_TRUE(signal_descendant(run.pid(), SIGTERM));
   // Two signals pending at once would be one: the second goes once the first is delivered.
   while (signal_pending(run.pid(), SIGTERM)) std::this_thread::sleep_for(std::chrono::microseconds(200));
-  kill(run.pid(), SIGTERM);
+  ASSERT_TRUE(signal_descendant(run.pid(), SIGTERM));
   EXPECT_EQ(run.finish(), 128 + SIGTERM) << run.output();
   EXPECT_NE(run.output().find("a second preemption signal: exiting at once"), std::string::npos) << run.output();
   expect_every_committed_checkpoint_verifies(dir);
@@ -232,7 +244,7 @@ TEST(TrainPreempt, SigtermWhileResumingExitsCleanlyAndTheRunContinuesExactly) {
   ASSERT_EQ(train(dir, "--steps 4 --ckpt-every 4").status, 0);
   BackgroundTrain run(dir, "--steps 8 --ckpt-every 4 --resume");
   ASSERT_TRUE(run.wait_until([&] { return run.output().find("training a") != std::string::npos; })) << run.output();
-  kill(run.pid(), SIGTERM);
+  ASSERT_TRUE(signal_descendant(run.pid(), SIGTERM));
   ASSERT_EQ(run.finish(), kPreemptedStatus) << run.output();
   EXPECT_NE(run.output().find("preempted by SIGTERM at step"), std::string::npos) << run.output();
   expect_every_committed_checkpoint_verifies(dir);
@@ -298,14 +310,30 @@ TEST(TrainSaveFailure, AFullFileSystemCostsTheSavesNotTheRun) {
   }
 }
 
+// --on-save-failure stop ends the run at its first failed save (step 9's, the third
+// checkpoint), before the save of step 12 begins; with --max-save-failures 100 nothing
+// else would end it before step 30.
 TEST(TrainSaveFailure, WithOnSaveFailureStopAFailedSaveEndsTheRun) {
   const SmallFileSystem small(kRoomForTwoCheckpoints);
   if (!small.mounted()) GTEST_SKIP() << "cannot mount a tmpfs (needs root): " << small.error();
-  const auto result = run_command(stowage_binary() + " train --run-dir " + small.sub("run") + kSmall +
-                                  " --steps 30 --ckpt-every 3 --on-save-failure stop");
+  const std::string run_dir = small.sub("run");
+  const auto result = run_command(stowage_binary() + " train --run-dir " + run_dir + kSmall +
+                                  " --steps 30 --ckpt-every 3 --keep 5 --on-save-failure stop --max-save-failures 100");
   EXPECT_EQ(result.status, 1) << result.output;
   EXPECT_EQ(result.output.find("done:"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("No space left on device"), std::string::npos) << result.output;
+  std::vector<int64_t> steps;
+  std::ifstream metrics(run_dir + "/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const json record = json::parse(line);
+    if (record["event"] == "step") steps.push_back(record["step"].get<int64_t>());
+  }
+  ASSERT_FALSE(steps.empty()) << result.output;
+  EXPECT_GE(steps.back(), 8) << "it stopped before step 9's save: " << result.output;
+  EXPECT_LT(steps.back(), 12) << "it went on after step 9's save failed: " << result.output;
+  const json listed = run_json("ckpt ls --json " + run_dir);
+  ASSERT_EQ(listed.size(), 2u) << listed.dump();  // steps 3 and 6; step 9's partial one was removed
+  for (const auto& row : listed) EXPECT_TRUE(row["committed"].get<bool>()) << row.dump();
 }
 
 TEST(TrainSaveFailure, AReadOnlyRunDirectoryIsAClearErrorBeforeTraining) {

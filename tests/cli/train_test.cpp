@@ -1,5 +1,6 @@
 // End-to-end runs of `stowage train` as real processes: exact resume, also after a
 // SIGKILL in the middle of an asynchronous checkpoint, and the ckpt subcommands.
+#include "cli/child_signal.h"
 #include "cli/train_util.h"
 
 #include <gmock/gmock.h>
@@ -97,7 +98,7 @@ TEST(Train, KilledDuringAnAsyncSaveResumesFromTheLastCommittedCheckpoint) {
       if (!fs::is_directory(dir, error) || fs::exists(dir / ".metadata.json", error)) continue;
       for (const auto& file : fs::directory_iterator(dir, error)) {
         if (file.path().extension() == ".data") {
-          kill(pid, SIGKILL);
+          ASSERT_TRUE(signal_descendant(pid, SIGKILL));
           caught_step = step;
           break;
         }
@@ -262,7 +263,7 @@ TEST(Train, MetricsOfAKilledRunHoldEveryReportedStep) {
   while (fgets(line, sizeof(line), out) != nullptr) {
     output += line;
     if (std::string(line).rfind(reported, 0) == 0) {
-      kill(pid, SIGKILL);
+      ASSERT_TRUE(signal_descendant(pid, SIGKILL)) << output;
       break;
     }
   }
