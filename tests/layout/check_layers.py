@@ -14,7 +14,12 @@ header it is; a name that climbs out of src/ and include/ breaks the rules, and 
 an include the check cannot read (a macro), a file in a folder without a rule, and every
 spelling of the directive (continued lines, #include_next, #import).
 
-Prints each include that breaks a rule and exits 1, or how many files it checked and
+The tests follow one rule of their own: a test signals a process only through
+tests/cli/child_signal.h, which refuses a pid that names a group or every process and any
+process the test did not start, so a raw kill(2) (killpg, tgkill, sigqueue) anywhere else
+under tests/ is reported too.
+
+Prints each include or signal call that breaks a rule and exits 1, or how many files it checked and
 exits 0. Every run first checks itself on a temporary tree with a violation of each kind
 planted (exit 2 if one goes unreported or a clean include is reported);
 --self-test runs only that.
@@ -50,6 +55,12 @@ MODULES = {"util", "memory", "state", "dist", "activation", "sim", "dcp", "inter
 FORWARDERS = {"include/stowage/dcp/torch_dcp_reader.h", "include/stowage/dcp/safetensors.h"}
 SOURCE_SUFFIXES = {".h", ".hh", ".hpp", ".hxx", ".inc", ".inl", ".ipp", ".tpp", ".c", ".cc", ".cpp", ".cxx", ".cu",
                    ".cuh"}
+# The one file of tests/ that may call kill(2); and those that still do, until their
+# owners move them onto it (each listed file is reported once it no longer needs to be).
+SIGNAL_HELPER = "tests/cli/child_signal.h"
+RAW_SIGNALS_PENDING = {"tests/dcp/distributed_test.cpp", "tests/reliability/crash_test.cpp",
+                       "tests/torchrun/torchrun_test.cpp"}
+RAW_SIGNAL = re.compile(r"(?<![\w.>])(?:::\s*)?(kill|killpg|tgkill|tkill|sigqueue)\s*\(")
 # The library's include directories, in the compiler's order after a quoted name's own folder.
 INCLUDE_ROOTS = ("include", "src")
 DIRECTIVE = re.compile(r"\s*#\s*(include_next|include|import)\b\s*(.*)")
@@ -166,6 +177,31 @@ def include_problems(repo, file, relative, layer):
     return problems
 
 
+def raw_signal_problems(repo):
+    """Each call of kill(2) and its kin under tests/ outside SIGNAL_HELPER, as a line."""
+    problems = []
+    still_raw = set()
+    for file in sorted((repo / "tests").rglob("*")):
+        relative = str(file.relative_to(repo))
+        if not file.is_file() or file.suffix not in SOURCE_SUFFIXES or relative == SIGNAL_HELPER:
+            continue
+        for number, line in enumerate(file.read_text(errors="replace").split("\n"), 1):
+            code = line.split("//", 1)[0]
+            match = RAW_SIGNAL.search(code)
+            if not match:
+                continue
+            if relative in RAW_SIGNALS_PENDING:
+                still_raw.add(relative)
+                continue
+            problems.append(f"{relative}:{number}: {match.group(1)}() outside {SIGNAL_HELPER}: "
+                            f"signal through signal_descendant() instead")
+    for relative in sorted(RAW_SIGNALS_PENDING - still_raw):
+        if (repo / relative).exists():
+            problems.append(f"{relative}: signals only through {SIGNAL_HELPER} now: "
+                            f"take it off RAW_SIGNALS_PENDING")
+    return problems
+
+
 def check(repo):
     """(every problem, how many files were checked) for the tree at `repo`."""
     repo = pathlib.Path(repo).resolve()
@@ -181,7 +217,7 @@ def check(repo):
             broken.append(f"{relative}: the folder {layer} has no rule in docs/ARCHITECTURE.md (nor in this check)")
             continue
         broken.extend(include_problems(repo, file, relative, layer))
-    return broken, len(files)
+    return broken + raw_signal_problems(repo), len(files)
 
 
 # The self-test's tree: each file's text; "# BAD" ends a line the check must report, and
@@ -212,6 +248,11 @@ SELF_TEST_TREE = {
     "src/optim/swap_env.h": "",
     "src/newmodule/thing.cpp": "// BAD FILE: a folder without a rule\n",
     "tools/stowage/commands.h": "",
+    "tests/cli/child_signal.h": "inline int send(int pid) { return ::kill(pid, 15); }\n",
+    "tests/cli/ok_test.cpp": ("// kill(-1, SIGTERM) would signal every process\n"
+                              "bool sent = signal_descendant(pid, SIGTERM);\nrun.kill_and_reap();\n"),
+    "tests/cli/raw_test.cpp": "  kill(pid, SIGTERM);  # BAD\n  ::kill(-pid, SIGKILL);  # BAD\n  killpg(g, 9);  # BAD\n",
+    "tests/dcp/distributed_test.cpp": "// BAD FILE: listed as pending, but signals through the helper\n",
 }
 
 
