@@ -1,6 +1,7 @@
 #include "activation/offload.h"
 
 #include <stowage/memory/host_buffer.h>
+#include <stowage/memory/skipped_sync.h>
 
 #include <ATen/MemoryOverlap.h>
 #include <ATen/ops/empty.h>
@@ -46,7 +47,7 @@ void OffloadedInputs::prefetch() {
 
 std::vector<at::Tensor> OffloadedInputs::take() {
   prefetch();
-  engine_->wait_compute(on_device_);
+  if (!memory::sync_skipped(memory::SkippedSync::kOffloadWait)) engine_->wait_compute(on_device_);
   std::vector<at::Tensor> tensors = std::move(back_);
   back_.clear();
   for (size_t i = 0; i < tensors.size(); ++i) tensors[i].requires_grad_(offloaded_[i].requires_grad);

@@ -110,7 +110,8 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
 // ------------------------------------------------------------------ copies
 
 // A copy between device memory and pinned host memory asked to be non-blocking: queued
-// on the device's current stream, it moves its bytes after a delay. The host tensor is
+// on the device's current stream, it moves its bytes after a delay (and, while a CopyGate
+// is closed, once something waits for it: StreamQueue::enqueue_copy). The host tensor is
 // kept alive until then (as CUDA's pinned-memory allocator keeps its block); the device
 // memory is not, so a free that was not ordered after the copy shows.
 void queue_copy(const at::Tensor& host, const at::Tensor& on_device, bool upload) {
@@ -118,8 +119,8 @@ void queue_copy(const at::Tensor& host, const at::Tensor& on_device, bool upload
   const Access access = upload ? Access::kWrite : Access::kRead;
   Block* block = block_of(on_device);
   copy_queued(block, stream, access);
-  queue_of(stream).enqueue([host, device_bytes = host_view(on_device), upload, block, stream, access,
-                            delay_us = draw_copy_delay_us()]() mutable {
+  queue_of(stream).enqueue_copy([host, device_bytes = host_view(on_device), upload, block, stream, access,
+                                 delay_us = draw_copy_delay_us()]() mutable {
     copy_running(block, stream, access);
     const std::string what = upload ? "a host-to-device copy" : "a device-to-host copy";
     std::string conflict = find_conflict(block, stream, access, Rival::kRunning, what);

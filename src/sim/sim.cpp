@@ -106,6 +106,20 @@ void set_copy_delay(int64_t min_us, int64_t max_us) {
   detail::set_copy_delay_range(min_us, max_us);
 }
 
+CopyGate::CopyGate() {
+  detail::close_copy_gate();
+}
+
+CopyGate::~CopyGate() {
+  open();
+}
+
+void CopyGate::open() {
+  if (open_) return;
+  open_ = true;
+  detail::open_copy_gate();
+}
+
 int64_t parse_capacity(const std::string& text, const std::string& what) {
   size_t digits = 0;
   while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;

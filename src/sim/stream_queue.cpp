@@ -2,6 +2,8 @@
 
 #include "sim/runtime.h"
 
+#include <stowage/error.h>
+
 #include <array>
 #include <atomic>
 #include <unordered_map>
@@ -9,7 +11,55 @@
 
 namespace stowage::sim::detail {
 
+// ------------------------------------------------------------------- copy gate
+
+namespace {
+
+struct CopyGateState {
+  std::mutex mutex;  // guards the two below and every StreamQueue's released_
+  std::condition_variable changed_cv;
+  uint64_t closed_generation = 0;  // 0: open
+  uint64_t generations = 0;        // gates ever closed
+};
+
+CopyGateState& gate() {
+  static auto* state = new CopyGateState();  // never destroyed: workers may outlive static destruction
+  return *state;
+}
+
+uint64_t closed_gate_generation() {
+  std::lock_guard<std::mutex> lock(gate().mutex);
+  return gate().closed_generation;
+}
+
+}  // namespace
+
+void close_copy_gate() {
+  {
+    std::lock_guard<std::mutex> lock(gate().mutex);
+    if (gate().closed_generation != 0) {
+      throw Error("sim: a CopyGate is closed already; open it before closing another");
+    }
+    gate().closed_generation = ++gate().generations;
+  }
+  gate().changed_cv.notify_all();
+}
+
+void open_copy_gate() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(gate().mutex);
+    gate().closed_generation = 0;
+  }
+  gate().changed_cv.notify_all();
+}
+
 // ---------------------------------------------------------------------- Marker
+
+void Marker::set_source(StreamQueue* source, uint64_t position) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  source_ = source;
+  position_ = position;
+}
 
 void Marker::complete() {
   {
@@ -21,6 +71,15 @@ void Marker::complete() {
 }
 
 void Marker::wait() {
+  StreamQueue* source = nullptr;
+  uint64_t position = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (done_) return;
+    source = source_;
+    position = position_;
+  }
+  if (source != nullptr) source->release_through(position);
   std::unique_lock<std::mutex> lock(mutex_);
   done_cv_.wait(lock, [&] { return done_; });
 }
@@ -42,17 +101,38 @@ StreamQueue::~StreamQueue() {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
+  release_through(UINT64_MAX);  // a held copy must not keep the worker from its end
   changed_cv_.notify_all();
   if (worker_.joinable()) worker_.join();
 }
 
-void StreamQueue::enqueue(std::function<void()> task) {
+uint64_t StreamQueue::push(Task task) {
+  uint64_t position = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     tasks_.push_back(std::move(task));
+    position = ++queued_;
     if (!worker_.joinable()) worker_ = std::thread([this] { run(); });
   }
   changed_cv_.notify_all();
+  return position;
+}
+
+uint64_t StreamQueue::enqueue(std::function<void()> task) {
+  return push(Task{std::move(task), 0});
+}
+
+void StreamQueue::enqueue_copy(std::function<void()> copy) {
+  push(Task{std::move(copy), closed_gate_generation()});
+}
+
+void StreamQueue::release_through(uint64_t position) {
+  {
+    std::lock_guard<std::mutex> lock(gate().mutex);
+    if (position <= released_) return;
+    released_ = position;
+  }
+  gate().changed_cv.notify_all();
 }
 
 std::shared_ptr<Marker> StreamQueue::record() {
@@ -60,7 +140,7 @@ std::shared_ptr<Marker> StreamQueue::record() {
   if (idle()) {
     marker->complete();
   } else {
-    enqueue([marker] { marker->complete(); });
+    marker->set_source(this, enqueue([marker] { marker->complete(); }));
   }
   return marker;
 }
@@ -77,24 +157,34 @@ bool StreamQueue::idle() {
 
 void StreamQueue::synchronize() {
   std::unique_lock<std::mutex> lock(mutex_);
-  changed_cv_.wait(lock, [&] { return tasks_.empty() && !running_task_; });
+  // Each wake-up releases what was queued meanwhile too: it is waited for as well.
+  while (!tasks_.empty() || running_task_) {
+    release_through(queued_);
+    changed_cv_.wait(lock);
+  }
 }
 
 void StreamQueue::run() {
   for (;;) {
-    std::function<void()> task;
+    Task task;
+    uint64_t position = 0;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       changed_cv_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
       if (tasks_.empty()) return;  // stopping with nothing left
       task = std::move(tasks_.front());
       tasks_.pop_front();
+      position = ++taken_;
       running_task_ = true;
     }
-    task();
+    if (task.gate != 0) {  // held while its gate is closed and nothing waits for it
+      std::unique_lock<std::mutex> lock(gate().mutex);
+      gate().changed_cv.wait(lock, [&] { return gate().closed_generation != task.gate || position <= released_; });
+    }
+    task.run();
     // What the task captured (a host tensor a copy keeps alive) goes before the stream
     // counts as idle: a caller that synchronized may count on it being released.
-    task = nullptr;
+    task.run = nullptr;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       running_task_ = false;

@@ -48,15 +48,15 @@ at::Tensor pinned_ones(int64_t numel) {
   return torch::ones({numel}).pin_memory();
 }
 
-// Slow copies, so that a queued copy is still queued when the test looks.
-class SlowCopies : public ::testing::Test {
+// Copies held by a gate until something waits for them: a queued copy is still queued
+// when the test looks, however long the test took to look.
+class HeldCopies : public ::testing::Test {
  protected:
-  void SetUp() override { sim::set_copy_delay(20000, 20000); }
   void TearDown() override {
     sim::synchronize_all();
-    sim::set_copy_delay(0, 200);
     sim::clear_hazards();
   }
+  sim::CopyGate held_;
 };
 
 TEST(SimDevice, RegistersOnceUnderItsName) {
@@ -124,7 +124,7 @@ TEST(SimDevice, StatisticsComeThroughTheDeviceAllocator) {
   EXPECT_EQ(stowage::memory::max_memory_allocated(device), before);
 }
 
-TEST_F(SlowCopies, ANonBlockingCopyFromPinnedMemoryRunsLaterOnTheCurrentStream) {
+TEST_F(HeldCopies, ANonBlockingCopyFromPinnedMemoryRunsLaterOnTheCurrentStream) {
   const c10::Device device = sim1();
   const c10::impl::VirtualGuardImpl guard(device.type());
   at::Tensor on_device = torch::zeros({256}, torch::TensorOptions().device(device));
@@ -135,7 +135,7 @@ TEST_F(SlowCopies, ANonBlockingCopyFromPinnedMemoryRunsLaterOnTheCurrentStream) 
   EXPECT_TRUE(guard.queryStream(guard.getStream(device)));
 }
 
-TEST_F(SlowCopies, ACopyFromPageableMemoryOrABlockingOneHasRunWhenItReturns) {
+TEST_F(HeldCopies, ACopyFromPageableMemoryOrABlockingOneHasRunWhenItReturns) {
   const c10::Device device = sim1();
   const c10::impl::VirtualGuardImpl guard(device.type());
   at::Tensor on_device = torch::zeros({256}, torch::TensorOptions().device(device));
@@ -146,7 +146,7 @@ TEST_F(SlowCopies, ACopyFromPageableMemoryOrABlockingOneHasRunWhenItReturns) {
   EXPECT_EQ(on_device.sum().item<float>(), 512);
 }
 
-TEST_F(SlowCopies, AnOpReadingWhatACopyOnAnotherStreamStillWritesIsAHazard) {
+TEST_F(HeldCopies, AnOpReadingWhatACopyOnAnotherStreamStillWritesIsAHazard) {
   const c10::Device device = sim1();
   const c10::impl::VirtualGuardImpl guard(device.type());
   const c10::Stream side = guard.getStreamFromGlobalPool(device);
@@ -169,7 +169,35 @@ TEST_F(SlowCopies, AnOpReadingWhatACopyOnAnotherStreamStillWritesIsAHazard) {
   EXPECT_EQ((on_device * 2).sum().item<float>(), 512);
 }
 
-TEST_F(SlowCopies, AFreedBlockIsPoisonedOnceTheStreamsItWasRecordedOnHaveDrained) {
+// What the tests above stand on: a held copy waits for a wait, not for a time.
+TEST(SimDevice, ACopyGateHoldsACopyUntilSomethingWaitsForIt) {
+  const c10::Device device = sim1();
+  const c10::impl::VirtualGuardImpl guard(device.type());
+  const c10::Stream side = guard.getStreamFromGlobalPool(device);
+  const c10::Stream compute = guard.getStream(device);
+  at::Tensor on_device = torch::zeros({256}, torch::TensorOptions().device(device));
+  sim::CopyGate gate;
+  EXPECT_THROW(sim::CopyGate(), stowage::Error) << "two gates closed at once";
+  const c10::StreamGuard on_side(side);
+  on_device.copy_(pinned_ones(256), /*non_blocking=*/true);
+  EXPECT_FALSE(guard.queryStream(side));
+  // Another stream waiting for an event after it releases it.
+  c10::Event copied(device.type());
+  copied.record(side);
+  EXPECT_FALSE(copied.query());
+  copied.block(compute);
+  guard.synchronizeStream(compute);
+  EXPECT_TRUE(copied.query());
+  // The host synchronizing its stream does too.
+  on_device.copy_(torch::full({256}, 2.0f).pin_memory(), /*non_blocking=*/true);
+  EXPECT_FALSE(guard.queryStream(side));
+  guard.synchronizeStream(side);
+  EXPECT_EQ(on_device.sum().item<float>(), 512);
+  gate.open();
+  EXPECT_NO_THROW(sim::CopyGate()) << "an open gate let no other close";
+}
+
+TEST_F(HeldCopies, AFreedBlockIsPoisonedOnceTheStreamsItWasRecordedOnHaveDrained) {
   const c10::Device device = sim1();
   const c10::impl::VirtualGuardImpl guard(device.type());
   const c10::Stream side = guard.getStreamFromGlobalPool(device);

@@ -192,16 +192,15 @@ TEST(SimOps, AViewAnOpReturnsSharesTheDeviceTensorsMemory) {
 
 // ---------------------------------------------------------------- hazards
 
-// Copies slow enough that a queued one is still queued when the op runs, on a busy machine
-// too (a gate that the test opens would not depend on time at all: issue 38).
+// Copies held by a gate until something waits for them: a queued one is still queued when
+// the op runs, however long the test took to run it.
 class SimOpsHazards : public ::testing::Test {
  protected:
-  void SetUp() override { sim::set_copy_delay(400000, 400000); }
   void TearDown() override {
     sim::synchronize_all();
-    sim::set_copy_delay(0, 200);
     sim::clear_hazards();
   }
+  sim::CopyGate held_;
 };
 
 // A training step writes the running statistics though the schema does not say so: a copy

@@ -1,12 +1,16 @@
-// stowage's device paths on the simulated accelerator: the copy engine, DefaultStager and
-// the swap optimizer run on it as on a GPU, and each synchronization they rely on is
-// shown to matter: with it switched off (memory::skip_sync_for_testing), the device
-// exposes the bug.
+// stowage's device paths on the simulated accelerator: the copy engine, DefaultStager,
+// the swap optimizer, a checkpoint's offloaded inputs and async_save's copy before it
+// returns run on it as on a GPU, and each synchronization they rely on is shown to
+// matter: with it switched off (memory::skip_sync_for_testing), the device exposes the
+// bug. A sim::CopyGate holds the copies until something waits for them, so that what
+// these tests show does not depend on how fast the machine runs them.
 #include <stowage/build_info.h>
 
 #include <gtest/gtest.h>
 
 #if defined(STOWAGE_WITH_SIM)
+#include <stowage/activation/checkpoint.h>
+#include <stowage/dcp/checkpoint.h>
 #include <stowage/dcp/staging.h>
 #include <stowage/memory/accounting.h>
 #include <stowage/memory/copy_engine.h>
@@ -14,11 +18,13 @@
 #include <stowage/memory/skipped_sync.h>
 #include <stowage/sim/sim.h>
 
+#include "dcp/test_util.h"
 #include "optim/swap_test_util.h"
 
 #include <gmock/gmock.h>
 #include <torch/torch.h>
 
+#include <future>
 #include <string>
 #include <vector>
 #endif
@@ -44,15 +50,12 @@ c10::Device sim0() {
   return sim::device(0);
 }
 
-// Each test may skip one synchronization; none outlives it. Copies are slow enough that a
-// copy nobody waited for is still queued when its result is read.
+// Each test may skip one synchronization; none outlives it.
 class StowageOnSim : public ::testing::Test {
  protected:
-  void SetUp() override { sim::set_copy_delay(5000, 10000); }
   void TearDown() override {
     memory::skip_sync_for_testing(memory::SkippedSync::kNone);
     sim::synchronize_all();
-    sim::set_copy_delay(0, 200);
     sim::clear_hazards();
   }
 };
@@ -76,11 +79,13 @@ at::Tensor download_dropped_tensor(memory::CopyEngine& engine) {
 
 TEST_F(StowageOnSim, CopyEngineKeepsADroppedDeviceTensorUntilItsDownloadRan) {
   memory::CopyEngine engine(sim0());
+  const sim::CopyGate held;
   EXPECT_TRUE(torch::equal(download_dropped_tensor(engine), torch::full({4096}, 5.0f)));
 }
 
 TEST_F(StowageOnSim, WithoutRecordStreamTheDownloadReadsFreedPoisonedMemory) {
   memory::CopyEngine engine(sim0());
+  const sim::CopyGate held;
   memory::skip_sync_for_testing(memory::SkippedSync::kRecordStream);
   EXPECT_TRUE(torch::isnan(download_dropped_tensor(engine)).all().item<bool>());
 }
@@ -115,15 +120,105 @@ bool staged_equals_source(const stowage::StateDict& state) {
 }
 
 TEST_F(StowageOnSim, DefaultStagerStagesDeviceTensorsThroughItsOwnStream) {
-  EXPECT_TRUE(staged_equals_source(device_state(sim0())));
+  const stowage::StateDict state = device_state(sim0());
+  const sim::CopyGate held;
+  EXPECT_TRUE(staged_equals_source(state));
 }
 
 TEST_F(StowageOnSim, WithoutTheStagingWaitTheSnapshotIsReadBeforeItsBytesArrive) {
   const stowage::StateDict state = device_state(sim0());
+  const sim::CopyGate held;
   memory::skip_sync_for_testing(memory::SkippedSync::kStagingWait);
-  // Copies slow enough that no descheduling of this thread on a loaded machine outlasts them.
-  sim::set_copy_delay(300'000, 400'000);
   EXPECT_FALSE(staged_equals_source(state));
+}
+
+// ---------------------------------------------------------------- offloaded inputs
+
+// The input's and the weight's gradients through a checkpoint whose inputs wait in host
+// memory until backward, on `device`.
+std::vector<at::Tensor> offloaded_gradients(c10::Device device) {
+  torch::manual_seed(5);
+  torch::nn::Linear layer(64, 64);
+  layer->to(device);
+  const at::Tensor x = torch::randn({32, 64}).to(device).requires_grad_();
+  const auto run = [&](const at::Tensor& in) { return torch::gelu(layer->forward(in)); };
+  stowage::activation::checkpoint(run, x, stowage::activation::CheckpointOptions().offload_inputs(true))
+      .pow(2)
+      .sum()
+      .backward();
+  return {x.grad().cpu(), layer->weight.grad().cpu()};
+}
+
+TEST_F(StowageOnSim, OffloadedInputsAreBackBeforeTheRecomputationReadsThem) {
+  const std::vector<at::Tensor> on_cpu = offloaded_gradients(c10::kCPU);
+  const sim::CopyGate held;
+  const std::vector<at::Tensor> on_sim = offloaded_gradients(sim0());
+  for (size_t i = 0; i < on_cpu.size(); ++i) EXPECT_TRUE(torch::equal(on_sim[i], on_cpu[i])) << "gradient " << i;
+  EXPECT_TRUE(sim::hazards().empty()) << sim::hazards().front();
+}
+
+TEST_F(StowageOnSim, WithoutTheOffloadWaitTheRecomputationReadsInputsStillBeingCopied) {
+  const sim::CopyGate held;
+  memory::skip_sync_for_testing(memory::SkippedSync::kOffloadWait);
+  try {
+    offloaded_gradients(sim0());
+    FAIL() << "the recomputation read offloaded inputs whose upload had not finished";
+  } catch (const std::exception& e) {
+    EXPECT_THAT(e.what(), HasSubstr("hazard on sim:0"));
+    EXPECT_THAT(e.what(), HasSubstr("is still writing"));
+  }
+}
+
+// ---------------------------------------------------------------- async_save's copy before return
+
+// Stages in the background only once the test opens it: the caller's next steps run
+// before the snapshot is staged.
+class GatedStager final : public stowage::dcp::AsyncStager {
+ public:
+  std::optional<std::shared_future<stowage::StateDict> > stage_in_background(const stowage::StateDict& state) override {
+    return std::async(std::launch::async,
+                      [opened = opened_, state] {
+                        opened.wait();
+                        return stowage::dcp::BlockingAsyncStager().stage(state);
+                      })
+        .share();
+  }
+  void open() { gate_.set_value(); }
+
+ private:
+  std::promise<void> gate_;
+  std::shared_future<void> opened_ = gate_.get_future().share();
+};
+
+// A device tensor async_save is told to copy before it returns is cloned in its stream's
+// order: after an upload into it still pending at the call, before the caller's next
+// write into it.
+TEST_F(StowageOnSim, AsyncSaveClonesANamedDeviceTensorBeforeItReturns) {
+  const stowage::dcp::testing::ScratchDir dir;
+  at::Tensor tokens_seen = torch::zeros({1024}, torch::TensorOptions().device(sim0()));
+  stowage::StateDict loop;
+  loop.insert("tokens_seen", tokens_seen);
+  stowage::StateDict state;
+  state.insert("loop", loop);
+  GatedStager stager;
+  stowage::dcp::AsyncSaveResponse response;
+  {
+    const sim::CopyGate held;
+    tokens_seen.copy_(torch::full({1024}, 7.0f).pin_memory(), /*non_blocking=*/true);
+    response = stowage::dcp::async_save(state, dir.path(), &stager,
+                                        stowage::dcp::AsyncSaveOptions().copy_before_return({"loop"}));
+    tokens_seen.fill_(9.0f);  // the next step's write
+  }
+  stager.open();
+  response.upload_completion.get();
+  stowage::StateDict loaded_loop;
+  loaded_loop.insert("tokens_seen", torch::zeros({1024}));
+  stowage::StateDict loaded;
+  loaded.insert("loop", loaded_loop);
+  stowage::dcp::load(loaded, dir.path());
+  EXPECT_TRUE(torch::equal(loaded_loop.at("tokens_seen").toTensor(), torch::full({1024}, 7.0f)))
+      << loaded_loop.at("tokens_seen").toTensor().slice(0, 0, 4);
+  EXPECT_TRUE(sim::hazards().empty()) << sim::hazards().front();
 }
 
 // ---------------------------------------------------------------- swap optimizer
@@ -144,7 +239,6 @@ void set_device_grads(std::vector<torch::Tensor>& params, int step) {
 
 TEST_P(SwapOnSim, IsBitIdenticalToAdamWAndKeepsOnlyTwoBatchesOnTheDevice) {
   const c10::Device device = sim0();
-  sim::set_copy_delay(0, 200);  // many copies: the default delay
   constexpr int64_t kSwapTimes = 4;
   // 32 parameters: the update's one temporary of a parameter's size is under the 5%.
   constexpr int64_t kParams = 32;
@@ -183,6 +277,7 @@ TEST_P(SwapOnSim, WithoutTheUploadWaitTheUpdateReadsStatesStillBeingCopied) {
   set_device_grads(params, 0);
   swap->step();  // creates the states, which go to the host
   set_device_grads(params, 1);
+  const sim::CopyGate held;
   memory::skip_sync_for_testing(memory::SkippedSync::kUploadWait);
   try {
     swap->step();

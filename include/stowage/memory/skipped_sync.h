@@ -16,6 +16,9 @@ enum class SkippedSync {
   kRecordStream,
   // The swap optimizer updates a batch without waiting for the batch's upload.
   kUploadWait,
+  // A checkpoint's offloaded inputs (CheckpointOptions::offload_inputs) are handed to its
+  // recomputation without the compute stream waiting for their upload.
+  kOffloadWait,
 };
 
 void skip_sync_for_testing(SkippedSync sync);

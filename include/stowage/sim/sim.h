@@ -15,7 +15,8 @@
 //    recordStream), as CUDA's caching allocator serves it.
 //  - Asynchrony. Each stream is a queue drained by its own worker thread. A non-blocking
 //    copy between pinned host memory and the device is queued on the current stream and
-//    runs later, after a delay (random by default); a blocking copy, or one from pageable
+//    runs later, after a delay (random by default), or, while a CopyGate is closed, not
+//    before something waits for it; a blocking copy, or one from pageable
 //    host memory, has completed when it returns, as on CUDA. Events record, wait, query
 //    and synchronize with CUDA's semantics. Compute runs on the calling thread, by each
 //    op's CPU kernel on the device memory itself, after the work already queued on the
@@ -93,6 +94,30 @@ int64_t capacity(int index = 0);
 
 // Changes the delay of copies queued from now on (see SimOptions).
 void set_copy_delay(int64_t min_us, int64_t max_us);
+
+// Holds the device's asynchronous copies pending, so that a test shows a missing
+// synchronization whatever the machine's load: while the gate is closed, a non-blocking
+// copy queued meanwhile does not start until something waits for it, that is, the host
+// synchronizes its stream (or its device), or runs an op on its stream, or the host or
+// another stream waits for an event recorded on its stream after it. A copy nothing waits
+// for stays pending until the gate opens, however long the host takes; an op that uses
+// its memory meanwhile is a hazard, and a free not ordered after it poisons what it reads.
+// Nothing waits forever for a held copy: each wait releases what it waits for, and the
+// destructor opens the gate. One gate at a time: the constructor throws Error while
+// another is closed.
+class CopyGate {
+ public:
+  CopyGate();
+  ~CopyGate();
+  CopyGate(const CopyGate&) = delete;
+  CopyGate& operator=(const CopyGate&) = delete;
+
+  // Lets every held copy run, and those queued from now on. Idempotent.
+  void open();
+
+ private:
+  bool open_ = false;
+};
 
 // Parses a capacity: a positive number of bytes, optionally followed by KiB, MiB or GiB.
 // Throws InvalidArgument naming `what` and the text.
