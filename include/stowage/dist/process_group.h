@@ -71,7 +71,8 @@ class ProcessGroup {
 
   // A new group over the same ranks and store whose collectives never interleave with
   // this one's (its own Gloo context and connections, its keys under `name` in the
-  // store). Collective: every rank calls it with the same name.
+  // store). Collective: every rank calls it with the same name, and it returns once every
+  // rank has connected (a rank may drop the group at once without failing its peers).
   ProcessGroup new_group(const std::string& name) const;
 
   // State that a layer above this one keeps per group (dcp's async_save keeps the group
