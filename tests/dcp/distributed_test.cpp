@@ -1,6 +1,7 @@
 // Distributed save and load with real processes: tests/dcp/dist_worker.cpp is one rank,
 // started N times by `stowage launch` (or, where launch's stop-everyone-on-failure rule
 // would hide what is tested, by the test itself), talking over c10d Gloo.
+#include "cli/child_signal.h"
 #include "cli/cli_util.h"
 #include "dcp/test_util.h"
 
@@ -123,7 +124,10 @@ void expect_survivors_name_the_dead_rank(int world, int dying_rank) {
       status[rank] = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
       ++done;
     } else if (std::chrono::steady_clock::now() > deadline) {
-      for (pid_t rank : ranks) kill(rank, SIGKILL);
+      // Only the ranks not reaped yet: a reaped rank's pid may name another process by now.
+      for (size_t rank = 0; rank < ranks.size(); ++rank) {
+        if (status[rank] == -1) EXPECT_TRUE(stowage::testing::signal_descendant(ranks[rank], SIGKILL));
+      }
       FAIL() << "a rank hung after its peer died";
     } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));

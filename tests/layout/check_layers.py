@@ -55,11 +55,8 @@ MODULES = {"util", "memory", "state", "dist", "activation", "sim", "dcp", "inter
 FORWARDERS = {"include/stowage/dcp/torch_dcp_reader.h", "include/stowage/dcp/safetensors.h"}
 SOURCE_SUFFIXES = {".h", ".hh", ".hpp", ".hxx", ".inc", ".inl", ".ipp", ".tpp", ".c", ".cc", ".cpp", ".cxx", ".cu",
                    ".cuh"}
-# The one file of tests/ that may call kill(2); and those that still do, until their
-# owners move them onto it (each listed file is reported once it no longer needs to be).
+# The one file of tests/ that may call kill(2).
 SIGNAL_HELPER = "tests/cli/child_signal.h"
-RAW_SIGNALS_PENDING = {"tests/dcp/distributed_test.cpp", "tests/reliability/crash_test.cpp",
-                       "tests/torchrun/torchrun_test.cpp"}
 RAW_SIGNAL = re.compile(r"(?<![\w.>])(?:::\s*)?(kill|killpg|tgkill|tkill|sigqueue)\s*\(")
 # The library's include directories, in the compiler's order after a quoted name's own folder.
 INCLUDE_ROOTS = ("include", "src")
@@ -180,7 +177,6 @@ def include_problems(repo, file, relative, layer):
 def raw_signal_problems(repo):
     """Each call of kill(2) and its kin under tests/ outside SIGNAL_HELPER, as a line."""
     problems = []
-    still_raw = set()
     for file in sorted((repo / "tests").rglob("*")):
         relative = str(file.relative_to(repo))
         if not file.is_file() or file.suffix not in SOURCE_SUFFIXES or relative == SIGNAL_HELPER:
@@ -190,15 +186,8 @@ def raw_signal_problems(repo):
             match = RAW_SIGNAL.search(code)
             if not match:
                 continue
-            if relative in RAW_SIGNALS_PENDING:
-                still_raw.add(relative)
-                continue
             problems.append(f"{relative}:{number}: {match.group(1)}() outside {SIGNAL_HELPER}: "
                             f"signal through signal_descendant() instead")
-    for relative in sorted(RAW_SIGNALS_PENDING - still_raw):
-        if (repo / relative).exists():
-            problems.append(f"{relative}: signals only through {SIGNAL_HELPER} now: "
-                            f"take it off RAW_SIGNALS_PENDING")
     return problems
 
 
@@ -252,7 +241,6 @@ SELF_TEST_TREE = {
     "tests/cli/ok_test.cpp": ("// kill(-1, SIGTERM) would signal every process\n"
                               "bool sent = signal_descendant(pid, SIGTERM);\nrun.kill_and_reap();\n"),
     "tests/cli/raw_test.cpp": "  kill(pid, SIGTERM);  # BAD\n  ::kill(-pid, SIGKILL);  # BAD\n  killpg(g, 9);  # BAD\n",
-    "tests/dcp/distributed_test.cpp": "// BAD FILE: listed as pending, but signals through the helper\n",
 }
 
 

@@ -5,6 +5,7 @@
 // STOWAGE_CRASH_TRIALS sets the number of trials (scripts/crash_trials.sh runs 500),
 // STOWAGE_CRASH_SEED the seed.
 
+#include "cli/child_signal.h"
 #include "dcp/test_util.h"
 #include "reliability/generations.h"
 #include "reliability/report.h"
@@ -107,7 +108,8 @@ class Child {
 
   // SIGKILL, then wait for it; returns its wait status.
   int kill_and_reap() {
-    ::kill(pid_, SIGKILL);
+    if (pid_ <= 0) return 0;  // reaped already
+    EXPECT_TRUE(stowage::testing::signal_descendant(pid_, SIGKILL));
     int status = 0;
     ::waitpid(pid_, &status, 0);
     pid_ = -1;

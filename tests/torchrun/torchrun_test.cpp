@@ -3,6 +3,7 @@
 // two nodes (two torchrun agents meeting through the c10d rendezvous on loopback), and an
 // elastic restart after a rank is SIGKILLed. Skipped, with the reason, in a build that
 // has no torchrun (Debian's LibTorch comes without one).
+#include "cli/child_signal.h"
 #include "cli/train_util.h"
 #include "dcp/test_util.h"
 
@@ -123,7 +124,7 @@ TEST(Torchrun, AnElasticRestartAfterAKilledRankResumesAndEndsBitIdentical) {
          std::chrono::steady_clock::now() < deadline) {
     if (!committed(step_dir(interrupted, kKillAfter)) || committed(step_dir(interrupted, kSteps))) continue;
     const auto workers = train_workers(interrupted.str());
-    if (workers.size() == 2) killed = kill(workers.back(), SIGKILL) == 0;
+    if (workers.size() == 2) killed = bool(stowage::testing::signal_descendant(workers.back(), SIGKILL));
   }
   const auto result = job.get();
   ASSERT_TRUE(killed) << "the run ended before a rank could be killed after step " << kKillAfter << "\n"
@@ -168,7 +169,7 @@ TEST(Torchrun, SigtermToTheAgentSavesTheStepAndResumeEndsBitIdentical) {
          std::chrono::steady_clock::now() < deadline) {
     if (logged_step(preempted) < 3) continue;
     const pid_t agent = torchrun_agent(preempted.str());
-    signalled = agent > 0 && kill(agent, SIGTERM) == 0;
+    signalled = bool(stowage::testing::signal_descendant(agent, SIGTERM));
   }
   const auto result = job.get();
   ASSERT_TRUE(signalled) << "the run ended before torchrun could be signalled\n" << result.output;
