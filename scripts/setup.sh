@@ -26,7 +26,7 @@ if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
 
 # Debian's LibTorch runs its intra-op work on OpenMP (libgomp), and its BLAS must share
 # that runtime: OpenBLAS's pthreads build spins threads of its own against OpenMP's on
-# the same cores, and a step ran 3-5x slower (issue 37). When several OpenBLAS builds are
+# the same cores, and a step ran 2.5-4x slower (issue 37). When several OpenBLAS builds are
 # installed, the OpenMP one is chosen for each library name it provides.
 choose_openmp_openblas() {
   local dir=/usr/lib/x86_64-linux-gnu name

@@ -23,8 +23,8 @@ std::string blas_thread_conflict() {
   if (openblas_get_parallel == nullptr || openblas_get_parallel() != kOpenBlasPthreads) return {};
   if (at::get_parallel_info().find("OpenMP") == std::string::npos || at::get_num_threads() == 1) return {};
   return "the BLAS in this process is OpenBLAS built with pthreads, whose threads compete with ATen's OpenMP "
-         "threads for the cores (steps ran 3-5x slower, issue 37): use OpenBLAS's OpenMP build (Debian: "
-         "libopenblas0-openmp, selected with update-alternatives; scripts/setup.sh does both)";
+         "threads for the cores (a step of `stowage train` ran 2.5-4x slower, issue 37): use OpenBLAS's OpenMP "
+         "build (Debian: libopenblas0-openmp, selected with update-alternatives; scripts/setup.sh does both)";
 }
 
 }  // namespace stowage::util

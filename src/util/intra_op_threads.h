@@ -11,7 +11,7 @@
 //   thread's included, for as long as that thread lives: on PyTorch 2.11's wheel the steps
 //   after the first checkpoint ran 1.7x slower to the end of the run;
 // - a BLAS with a thread pool of its own (OpenBLAS built with pthreads) spins its threads
-//   against OpenMP's on the same cores: on Debian's LibTorch 1.13 a step ran 3-5x slower.
+//   against OpenMP's on the same cores: on Debian's LibTorch 1.13 a step ran 2.5-4x slower.
 
 #include <string>
 
