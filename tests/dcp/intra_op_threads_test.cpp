@@ -1,7 +1,9 @@
 // stowage's threads run ATen serially (src/util/intra_op_threads.h): an op that splits its
 // work on a second thread starts an OpenMP team of that thread's own, and libgomp then
 // throttles the training thread's team for as long as that thread lives (issue 37). These
-// tests count the process's threads: a team of its own would add a worker.
+// tests count the process's threads: a team of its own would add a worker. At most, not
+// exactly: a thread an earlier test left (a pool worker of a thread that ended) may still
+// be on its way out when the test counts (sanitize.sh runs every dcp test in one process).
 #include "dcp/test_util.h"
 #include "util/intra_op_threads.h"
 
@@ -63,7 +65,7 @@ TEST(IntraOpThreads, AThreadMadeSerialRunsItsOpsOnItselfAlone) {
   });
   background.join();
   EXPECT_EQ(threads_seen, 1);
-  EXPECT_EQ(during, before + 1) << "the background thread started workers of its own";
+  EXPECT_LE(during, before + 1) << "the background thread started workers of its own";
   EXPECT_EQ(at::get_num_threads(), training_threads) << "the training thread's team changed";
 }
 
@@ -78,7 +80,7 @@ TEST(IntraOpThreads, StagingACpuTensorStartsNoTeamOnTheStagingThread) {
   ASSERT_TRUE(staged.has_value());
   EXPECT_TRUE(at::equal(staged->get().at("weights").toTensor(), state.at("weights").toTensor()));
   // The staging thread lives as long as the stager: it alone is new.
-  EXPECT_EQ(process_threads(), before + 1) << "the staging thread started workers of its own";
+  EXPECT_LE(process_threads(), before + 1) << "the staging thread started workers of its own";
 }
 
 }  // namespace
