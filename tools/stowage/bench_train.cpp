@@ -325,36 +325,39 @@ void add_dip_figures(nlohmann::json& out, const TrainBenchOptions& o, const DipS
   out["dip_target_met"] = met;
 }
 
+// The median of the times of `steps` in each of `runs`.
+std::vector<double> median_step_of_each(const std::vector<TrainRun>& runs, const std::vector<int64_t>& steps) {
+  std::vector<double> medians;
+  medians.reserve(runs.size());
+  for (const TrainRun& run : runs) {
+    std::vector<double> seconds;
+    seconds.reserve(steps.size());
+    for (const int64_t step : steps) seconds.push_back(run.step_seconds[static_cast<size_t>(step - 1)]);
+    medians.push_back(bench::median(seconds));
+  }
+  return medians;
+}
+
 // Steps that run as steps run with no checkpoint (issue 37): the median far step against
 // the median step of the same run without checkpoints, and the far steps before the first
 // checkpoint against those after it; medians of the rounds.
 void add_steady_figures(nlohmann::json& out, const DipSchedule& schedule, const std::vector<TrainRun>& stowage_runs,
                         const std::vector<TrainRun>& unsaved_runs) {
   constexpr double kSteadyLimit = 1.02;
-  const auto median_of = [](const TrainRun& run, const std::vector<int64_t>& steps) {
-    std::vector<double> seconds;
-    for (const int64_t step : steps) seconds.push_back(run.step_seconds[static_cast<size_t>(step - 1)]);
-    return bench::median(seconds);
-  };
-  std::vector<int64_t> before, after, all_past_warmup;
-  for (const int64_t step : schedule.far) (step < schedule.checkpoints.front() ? before : after).push_back(step);
-  for (int64_t step = kDipWarmupSteps + 1; step <= schedule.checkpoints.back(); ++step) all_past_warmup.push_back(step);
-  std::vector<double> far, steady, first, later;
-  for (const TrainRun& run : stowage_runs) {
-    far.push_back(median_of(run, schedule.far));
-    if (!before.empty() && !after.empty()) {
-      first.push_back(median_of(run, before));
-      later.push_back(median_of(run, after));
-    }
-  }
-  for (const TrainRun& run : unsaved_runs) steady.push_back(median_of(run, all_past_warmup));
-  out["stowage_no_checkpoint_step_s"] = bench::median(steady);
-  out["stowage_far_over_no_checkpoint"] = bench::median(far) / bench::median(steady);
+  std::vector<int64_t> all_past_warmup(static_cast<size_t>(schedule.checkpoints.back() - kDipWarmupSteps));
+  std::iota(all_past_warmup.begin(), all_past_warmup.end(), kDipWarmupSteps + 1);
+  const double far = bench::median(median_step_of_each(stowage_runs, schedule.far));
+  const double steady = bench::median(median_step_of_each(unsaved_runs, all_past_warmup));
+  out["stowage_no_checkpoint_step_s"] = steady;
+  out["stowage_far_over_no_checkpoint"] = far / steady;
   out["stowage_far_over_no_checkpoint_limit"] = kSteadyLimit;
-  out["stowage_far_over_no_checkpoint_met"] = bench::median(far) <= kSteadyLimit * bench::median(steady);
-  if (!first.empty()) {
-    out["stowage_before_first_checkpoint_step_s"] = bench::median(first);
-    out["stowage_after_first_checkpoint_step_s"] = bench::median(later);
+  out["stowage_far_over_no_checkpoint_met"] = far <= kSteadyLimit * steady;
+  // schedule.far is in step order: the far steps before the first checkpoint come first.
+  const auto first_after = std::lower_bound(schedule.far.begin(), schedule.far.end(), schedule.checkpoints.front());
+  const std::vector<int64_t> before(schedule.far.begin(), first_after), after(first_after, schedule.far.end());
+  if (!before.empty() && !after.empty()) {
+    out["stowage_before_first_checkpoint_step_s"] = bench::median(median_step_of_each(stowage_runs, before));
+    out["stowage_after_first_checkpoint_step_s"] = bench::median(median_step_of_each(stowage_runs, after));
   }
 }
 
