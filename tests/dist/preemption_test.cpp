@@ -62,7 +62,7 @@ std::string agree_as_rank(int port, int64_t rank, const std::function<void()>& b
     const PreemptionNotice notice(PreemptionOptions().signals({SIGTERM, SIGUSR1}));
     const ProcessGroup group =
         init_process_group("127.0.0.1", port, rank, 2, ProcessGroupOptions().timeout(std::chrono::seconds(60)));
-    const std::string problem = check_agreement(notice, group, rank);
+    std::string problem = check_agreement(notice, group, rank);
     before_leaving();
     return problem;
   } catch (const std::exception& e) {
