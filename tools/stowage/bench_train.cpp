@@ -132,16 +132,21 @@ double mean_step_seconds(const std::vector<double>& step_seconds, const std::vec
   return total / static_cast<double>(steps.size());
 }
 
+double median_step_seconds(const std::vector<double>& step_seconds, const std::vector<int64_t>& steps) {
+  std::vector<double> seconds;
+  seconds.reserve(steps.size());
+  for (const int64_t step : steps) seconds.push_back(step_seconds[static_cast<size_t>(step - 1)]);
+  return bench::median(seconds);
+}
+
 Dip measure_dip(const TrainRun& run, const DipSchedule& schedule, const std::string& side) {
   const size_t steps = static_cast<size_t>(schedule.checkpoints.back());
   if (run.step_seconds.size() != steps) {
     throw Error(fmt::format("bench train: {} reported the times of {} steps, not of its {}", side,
                             run.step_seconds.size(), steps));
   }
-  std::vector<double> far_seconds;
-  for (const int64_t step : schedule.far) far_seconds.push_back(run.step_seconds[static_cast<size_t>(step - 1)]);
   Dip dip;
-  dip.baseline_s = bench::median(far_seconds);
+  dip.baseline_s = median_step_seconds(run.step_seconds, schedule.far);
   std::vector<int64_t> all_window_steps;
   double slowest_window_s = 0;
   for (const std::vector<int64_t>& window : schedule.windows) {
@@ -223,6 +228,10 @@ TrainRun run_stowage_train(const TrainOptions& train, const bench::Scratch& scra
   TrainRun run;
   read_stowage_metrics(run_dir + "/metrics.jsonl", run);
   std::filesystem::remove_all(run_dir);
+  if (static_cast<int64_t>(run.step_seconds.size()) != train.steps) {
+    throw Error(fmt::format("bench train: `stowage train` reported {} steps, not its {}", run.step_seconds.size(),
+                            train.steps));
+  }
   if (run.seconds <= 0) {
     throw Error(
         fmt::format("bench train: {} steps took `stowage train` no measurable time: give more --steps", train.steps));
@@ -329,24 +338,20 @@ void add_dip_figures(nlohmann::json& out, const TrainBenchOptions& o, const DipS
 std::vector<double> median_step_of_each(const std::vector<TrainRun>& runs, const std::vector<int64_t>& steps) {
   std::vector<double> medians;
   medians.reserve(runs.size());
-  for (const TrainRun& run : runs) {
-    std::vector<double> seconds;
-    seconds.reserve(steps.size());
-    for (const int64_t step : steps) seconds.push_back(run.step_seconds[static_cast<size_t>(step - 1)]);
-    medians.push_back(bench::median(seconds));
-  }
+  for (const TrainRun& run : runs) medians.push_back(median_step_seconds(run.step_seconds, steps));
   return medians;
 }
 
-// Steps that run as steps run with no checkpoint (issue 37): the median far step against
-// the median step of the same run without checkpoints, and the far steps before the first
-// checkpoint against those after it; medians of the rounds.
+// Steps that run as steps run with no checkpoint (issue 37): the median far step (the dip's
+// baseline, add_dip_figures) against the median step of the same run without checkpoints,
+// and the far steps before the first checkpoint against those after it; medians of the
+// rounds.
 void add_steady_figures(nlohmann::json& out, const DipSchedule& schedule, const std::vector<TrainRun>& stowage_runs,
                         const std::vector<TrainRun>& unsaved_runs) {
   constexpr double kSteadyLimit = 1.02;
   std::vector<int64_t> all_past_warmup(static_cast<size_t>(schedule.checkpoints.back() - kDipWarmupSteps));
   std::iota(all_past_warmup.begin(), all_past_warmup.end(), kDipWarmupSteps + 1);
-  const double far = bench::median(median_step_of_each(stowage_runs, schedule.far));
+  const double far = out.at("stowage_dip_baseline_step_s").get<double>();
   const double steady = bench::median(median_step_of_each(unsaved_runs, all_past_warmup));
   out["stowage_no_checkpoint_step_s"] = steady;
   out["stowage_far_over_no_checkpoint"] = far / steady;
