@@ -1,6 +1,6 @@
 // The BLAS that the process loaded shares ATen's OpenMP threads (src/util/intra_op_threads.h):
 // OpenBLAS built with pthreads spins threads of its own against them, and a step of
-// `stowage train` on Debian's LibTorch ran 3-5x slower (issue 37). scripts/setup.sh
+// `stowage train` on Debian's LibTorch ran 2.5-4x slower (issue 37). scripts/setup.sh
 // chooses OpenBLAS's OpenMP build; this fails on a machine where it is not chosen.
 #include "util/intra_op_threads.h"
 
