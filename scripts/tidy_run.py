@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
-"""Runs clang-tidy-14 on each translation unit of scripts/tidy.sh's compilation database,
+"""Runs clang-tidy-14 on each translation unit of scripts/tidy_db.py's compilation database,
 JOBS at a time, and prints the findings at their sources' lines:
 
     tidy_run.py ROOT DB JOBS CACHE_DIR
+
+A unit of joined batches that does not compile as one (two of its sources define one name)
+is checked as its batches instead (DB/parts_of.json), and said so.
 
 A unit found clean is remembered in CACHE_DIR under a key of everything clang-tidy reads:
 its version, the .clang-tidy files, the unit's command and its preprocessed text with
@@ -25,9 +28,13 @@ root, db, jobs, cache = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 entries = json.load(open(os.path.join(db, "compile_commands.json")))
 line_map_path = os.path.join(db, "line_map.json")
 line_map = json.load(open(line_map_path)) if os.path.exists(line_map_path) else {}
+parts_of_path = os.path.join(db, "parts_of.json")
+parts_of = json.load(open(parts_of_path)) if os.path.exists(parts_of_path) else {}
+parts = {e["file"]: e for e in json.load(open(os.path.join(db, "parts", "compile_commands.json")))} \
+    if parts_of else {}
 folders = ("include", "src", "tools", "tests", "bench", "examples", "fuzz")
 header_filter = f"^{root}/({'|'.join(folders)})/"
-tidy = ["clang-tidy-14", "-p", db, "--quiet", f"--header-filter={header_filter}"]
+tidy = ["clang-tidy-14", "--quiet", f"--header-filter={header_filter}"]
 
 
 def version_and_config():
@@ -77,19 +84,31 @@ def at_source_lines(output):
     return pattern.sub(source_line, output)
 
 
-def check(entry):
-    """(clean, from the cache, what clang-tidy printed) for one unit."""
+def check_unit(entry, entry_db):
+    """(clean, from the cache, what clang-tidy printed) for one unit of entry_db."""
     key = key_of(entry)
     stamp = key and os.path.join(cache, key)
     if stamp and os.path.exists(stamp):
         return True, True, ""
-    run = subprocess.run(tidy + [entry["file"]], capture_output=True, text=True)
+    run = subprocess.run(tidy + ["-p", entry_db, entry["file"]], capture_output=True, text=True)
     output = "".join(line for line in (run.stdout + run.stderr).splitlines(keepends=True)
                      if not re.fullmatch(r"\d+ warnings? generated\.\n?", line))
     if run.returncode == 0 and stamp:
         os.makedirs(cache, exist_ok=True)
         open(stamp, "w").write(entry["file"].replace(root, "ROOT") + "\n")
     return run.returncode == 0, False, at_source_lines(output)
+
+
+def check(entry):
+    """check_unit's result for a unit, or for its batches when it does not compile as one."""
+    clean, cached, output = check_unit(entry, db)
+    if clean or entry["file"] not in parts_of or "[clang-diagnostic-error]" not in output:
+        return clean, cached, output
+    error = next(line for line in output.splitlines() if "[clang-diagnostic-error]" in line)
+    said = (f"tidy: {os.path.basename(entry['file'])} does not compile as one unit ({error}); "
+            f"checking its {len(parts_of[entry['file']])} batches apart (slower: rename what clashes)\n")
+    results = [check_unit(parts[part], os.path.join(db, "parts")) for part in parts_of[entry["file"]]]
+    return all(r[0] for r in results), False, said + "".join(r[2] for r in results)
 
 
 print(f"tidy: clang-tidy-14 on {len(entries)} translation units, {jobs} at a time", flush=True)
