@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libtorch-dev libgloo-dev
+  libsleef-dev  # ATen's vector headers include sleef.h (src/optim/fused_adam_kernel_loop.h)
   libopenblas0-openmp  # see choose_openmp_openblas
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libxxhash-dev

@@ -20,6 +20,7 @@
 #include <stowage/memory/accounting.h>
 #include <stowage/memory/copy_engine.h>
 #include <stowage/memory/host_buffer.h>
+#include <stowage/optim/fused_adamw.h>
 #include <stowage/optim/master_adamw.h>
 #include <stowage/optim/partition.h>
 #include <stowage/optim/swap_config.h>

@@ -18,6 +18,14 @@ AdamHyperParams adam_hyper_params(const torch::optim::OptimizerOptions& options,
   return hyper;
 }
 
+void require_amsgrad_state(const AdamHyperParams& hyper, const at::Tensor& max_exp_avg_sq) {
+  if (hyper.amsgrad && !max_exp_avg_sq.defined()) {
+    throw InvalidArgument(
+        "Adam update: amsgrad is on but the parameter has no max_exp_avg_sq state (amsgrad was "
+        "enabled after the state was created)");
+  }
+}
+
 void adam_update(const at::Tensor& param, const at::Tensor& grad_in, const at::Tensor& exp_avg,
                  const at::Tensor& exp_avg_sq, const at::Tensor& max_exp_avg_sq, int64_t step,
                  const AdamHyperParams& hyper) {
@@ -27,11 +35,7 @@ void adam_update(const at::Tensor& param, const at::Tensor& grad_in, const at::T
   const auto bias_correction1 = 1 - std::pow(beta1, step);
   const auto bias_correction2 = 1 - std::pow(beta2, step);
 
-  if (hyper.amsgrad && !max_exp_avg_sq.defined()) {
-    throw InvalidArgument(
-        "Adam update: amsgrad is on but the parameter has no max_exp_avg_sq state (amsgrad was "
-        "enabled after the state was created)");
-  }
+  require_amsgrad_state(hyper, max_exp_avg_sq);
   // The temporaries come first, so that a failure to allocate them changes nothing.
   at::Tensor grad = grad_in;
   if (hyper.weight_decay != 0 && !hyper.decoupled_weight_decay) {

@@ -22,6 +22,9 @@ struct AdamHyperParams : AdamOptionValues {
 // Reads AdamOptions (decoupled = false) or AdamWOptions (decoupled = true).
 AdamHyperParams adam_hyper_params(const torch::optim::OptimizerOptions& options, bool decoupled_weight_decay);
 
+// Throws InvalidArgument when amsgrad is on and max_exp_avg_sq is undefined.
+void require_amsgrad_state(const AdamHyperParams& hyper, const at::Tensor& max_exp_avg_sq);
+
 // One update of `param` (in place) with the moments (in place); `step` is the count after
 // this update (1 on the first). max_exp_avg_sq is used only with amsgrad, and must then be
 // defined. The update allocates its temporaries before its first write, so that an

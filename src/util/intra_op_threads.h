@@ -13,6 +13,10 @@
 // - a BLAS with a thread pool of its own (OpenBLAS built with pthreads) spins its threads
 //   against OpenMP's on the same cores: on Debian's LibTorch 1.13 a step ran 2.5-4x slower.
 
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
 #include <string>
 
 namespace stowage::util {
@@ -23,6 +27,15 @@ namespace stowage::util {
 // REQUIRES: called on a thread stowage started (staging, writing, reading, gradient
 // reduction), before its first ATen op; never on a thread of the user's.
 void run_aten_serially_on_this_thread();
+
+// Runs fn(begin, end) over the element ranges of [0, tensor.numel()) on ATen's intra-op
+// threads, each range at least `grain` elements but the last. at::parallel_for can't do it
+// from stowage's code: its OpenMP region is a template compiled into the caller, and
+// stowage compiles without -fopenmp (it links no OpenMP runtime, above), where the region
+// runs serially. TensorIterator's for_each runs the split inside LibTorch, on its runtime.
+// REQUIRES: tensor is contiguous; fn may run on several threads at once, on disjoint
+// ranges, and throws nothing.
+void parallel_over_elements(const at::Tensor& tensor, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
 // Why the process's BLAS competes with ATen's OpenMP threads for the cores, and what
 // fixes it; empty when it does not (OpenBLAS built with OpenMP or serially, MKL, no

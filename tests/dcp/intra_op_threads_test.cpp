@@ -1,7 +1,8 @@
-// stowage's threads run ATen serially (src/util/intra_op_threads.h): an op that splits its
-// work on a second thread starts an OpenMP team of that thread's own, and libgomp then
-// throttles the training thread's team for as long as that thread lives (issue 37). These
-// tests count the process's threads: a team of its own would add a worker. At most, not
+// stowage's threads run ATen serially (src/util/intra_op_threads.h), and stowage's own split
+// over ATen's threads reaches them. An op that splits its work on a second thread starts an
+// OpenMP team of that thread's own, and libgomp then throttles the training thread's team
+// for as long as that thread lives (issue 37). The first two tests count the process's
+// threads: a team of its own would add a worker. At most, not
 // exactly: a thread an earlier test left (a pool worker of a thread that ended) may still
 // be on its way out when the test counts (sanitize.sh runs every dcp test in one process).
 #include "dcp/test_util.h"
@@ -13,9 +14,14 @@
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <iterator>
+#include <mutex>
+#include <set>
 #include <thread>
+#include <utility>
+#include <vector>
 
 namespace stowage::dcp {
 namespace {
@@ -81,6 +87,31 @@ TEST(IntraOpThreads, StagingACpuTensorStartsNoTeamOnTheStagingThread) {
   EXPECT_TRUE(at::equal(staged->get().at("weights").toTensor(), state.at("weights").toTensor()));
   // The staging thread lives as long as the stager: it alone is new.
   EXPECT_LE(process_threads(), before + 1) << "the staging thread started workers of its own";
+}
+
+// stowage compiles without -fopenmp, where at::parallel_for runs serially: this split
+// must reach ATen's threads, and cover every element once.
+TEST(IntraOpThreads, ParallelOverElementsSplitsOverAtensThreads) {
+  if (!aten_starts_openmp_teams()) GTEST_SKIP() << "ATen here starts no OpenMP team: " << at::get_parallel_info();
+  const TwoIntraOpThreads threads;
+  const at::Tensor tensor = large_tensor();
+  std::mutex mutex;
+  std::set<std::thread::id> ran_on;
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  util::parallel_over_elements(tensor, 1 << 16, [&](int64_t begin, int64_t end) {
+    const std::lock_guard<std::mutex> lock(mutex);
+    ran_on.insert(std::this_thread::get_id());
+    ranges.emplace_back(begin, end);
+  });
+  EXPECT_EQ(ran_on.size(), 2U);
+  std::sort(ranges.begin(), ranges.end());
+  int64_t next = 0;
+  for (const auto& [begin, end] : ranges) {
+    EXPECT_EQ(begin, next);
+    EXPECT_GT(end, begin);
+    next = end;
+  }
+  EXPECT_EQ(next, tensor.numel());
 }
 
 }  // namespace
