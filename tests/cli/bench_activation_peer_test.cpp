@@ -26,7 +26,7 @@ TEST(BenchActivationPeer, WithoutTheWheelsPythonSaysSoInOneLineAndFails) {
 }
 
 TEST(BenchActivationPeer, JsonHasEveryFigureOfBothSides) {
-  if (peer_python().empty()) GTEST_SKIP() << "built without STOWAGE_PYTHON (the torch wheel's Python)";
+  if (peer_python().empty()) GTEST_SKIP() << "built without the torch wheel's Python";
   const auto result = run_command(stowage_binary() + kTiny + " --peer --json");
   ASSERT_EQ(result.status, 0) << result.output;
   const nlohmann::json figures = json_in_output(result.output);
@@ -56,7 +56,7 @@ TEST(BenchActivationPeer, JsonHasEveryFigureOfBothSides) {
 }
 
 TEST(BenchActivationPeer, TextHasThePeersColumns) {
-  if (peer_python().empty()) GTEST_SKIP() << "built without STOWAGE_PYTHON (the torch wheel's Python)";
+  if (peer_python().empty()) GTEST_SKIP() << "built without the torch wheel's Python";
   const auto result = run_command(stowage_binary() + kTiny + " --peer --segments 2");
   ASSERT_EQ(result.status, 0) << result.output;
   EXPECT_NE(result.output.find("against PyTorch 2."), std::string::npos) << result.output;

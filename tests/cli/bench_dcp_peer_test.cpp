@@ -25,7 +25,7 @@ TEST(BenchDcpPeer, WithoutTheWheelsPythonSaysSoInOneLineAndFails) {
 }
 
 TEST(BenchDcpPeer, JsonHasEveryFigureOfBothSidesAndTheScratchSpaceIsRemoved) {
-  if (peer_python().empty()) GTEST_SKIP() << "built without STOWAGE_PYTHON (the torch wheel's Python)";
+  if (peer_python().empty()) GTEST_SKIP() << "built without the torch wheel's Python";
   const fs::path dir = fs::temp_directory_path() / ("stowage-bench-dcp-peer-test-" + std::to_string(getpid()));
   fs::create_directories(dir);
   // The peer checks every value its dcp.load read back from the checkpoint its dcp.save

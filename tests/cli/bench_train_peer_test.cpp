@@ -70,7 +70,7 @@ TEST(BenchTrain, WithoutPeerMeasuresStowageAlone) {
 }
 
 TEST(BenchTrainPeer, JsonHasBothSidesTrainingTheSameModelOnTheSameData) {
-  if (peer_python().empty()) GTEST_SKIP() << "built without STOWAGE_PYTHON (the torch wheel's Python)";
+  if (peer_python().empty()) GTEST_SKIP() << "built without the torch wheel's Python";
   const TrainBenchDir dir;
   // The PyTorch script's checkpoints are checked for their .metadata by the benchmark.
   const auto result = run_command(stowage_binary() + " bench train --peer" + kDipRun + " --dir " + dir.path.string());

@@ -5,6 +5,7 @@
 // which. Anything else is an error naming the path and the three. And the messages of
 // export and import over existing output name the flag, --overwrite.
 
+#include "build_paths.h"
 #include "cli/train_util.h"
 
 #include <stowage/dcp/checkpoint_manager.h>
@@ -124,7 +125,7 @@ TEST(CkptDirs, ADirectoryOfPyTorchDcpCheckpointsIsOneToo) {
   const RunDir dir;
   const std::string checkpoint = (dir.path / "step-00000003").string();
   fs::create_directories(dir.path);
-  fs::copy(fs::path(STOWAGE_SOURCE_DIR) / "tests/interop/fixtures/torch_dcp/one_rank", checkpoint);
+  fs::copy(fs::path(test_paths::source_dir()) / "tests/interop/fixtures/torch_dcp/one_rank", checkpoint);
   const json listed = run_json("ckpt ls --json " + dir.str());
   ASSERT_EQ(listed.size(), 1u) << listed.dump(2);
   EXPECT_EQ(listed[0]["step"], 3);

@@ -1,6 +1,7 @@
 // `stowage ckpt ls | inspect | verify | export` on a checkpoint PyTorch's
 // torch.distributed.checkpoint wrote (tests/interop/fixtures/torch_dcp/one_rank, torch 2.11).
 
+#include "build_paths.h"
 #include "cli/train_util.h"
 
 #include <gtest/gtest.h>
@@ -33,7 +34,7 @@ std::string from_hex(const std::string& hex) {
 class TorchDcpCheckpoint {
  public:
   TorchDcpCheckpoint() {
-    fs::copy(fs::path(STOWAGE_SOURCE_DIR) / "tests/interop/fixtures/torch_dcp/one_rank", dir_.path);
+    fs::copy(fs::path(test_paths::source_dir()) / "tests/interop/fixtures/torch_dcp/one_rank", dir_.path);
     expected_ = json::parse(read_bytes(dir_.path / "expected.json"));
   }
   std::string path() const { return dir_.str(); }

@@ -2,6 +2,7 @@
 
 // Runs the built `stowage` tool as a real child process.
 
+#include "build_paths.h"
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -16,7 +17,7 @@ struct CommandResult {
 };
 
 inline std::string stowage_binary() {
-  return std::string(STOWAGE_BINARY_DIR) + "/stowage";
+  return test_paths::binary_dir() + "/stowage";
 }
 
 inline CommandResult run_command(const std::string& command) {
@@ -31,10 +32,10 @@ inline CommandResult run_command(const std::string& command) {
   return result;
 }
 
-// The Python this build runs its benchmark peers with (CMake's STOWAGE_PYTHON, the torch
+// The Python this build runs its benchmark peers with (test_paths::python(), the torch
 // wheel's); empty for a build on Debian's LibTorch.
 inline std::string peer_python() {
-  return STOWAGE_PYTHON;
+  return test_paths::python();
 }
 
 // The JSON object a command printed: from the first line that opens one to the end

@@ -1,6 +1,7 @@
 // Distributed save and load with real processes: tests/dcp/dist_worker.cpp is one rank,
 // started N times by `stowage launch` (or, where launch's stop-everyone-on-failure rule
 // would hide what is tested, by the test itself), talking over c10d Gloo.
+#include "build_paths.h"
 #include "cli/child_signal.h"
 #include "cli/cli_util.h"
 #include "dcp/test_util.h"
@@ -25,8 +26,8 @@ namespace {
 
 using testing::ScratchDir;
 
-const std::string kWorker = std::string(STOWAGE_BINARY_DIR) + "/tests/dcp_dist_worker";
-const std::string kStowage = std::string(STOWAGE_BINARY_DIR) + "/stowage";
+const std::string kWorker = test_paths::binary_dir() + "/tests/dcp_dist_worker";
+const std::string kStowage = test_paths::binary_dir() + "/stowage";
 
 // `stowage launch --nproc N -- dist_worker <commands>`; every rank must succeed.
 void launch(int nproc, const std::string& commands) {

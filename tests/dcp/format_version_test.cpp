@@ -2,6 +2,7 @@
 // and 2 in tests/dcp/fixtures/) still load and are still validated; version 3's table
 // layout keeps the metadata small for many small entries.
 
+#include "build_paths.h"
 #include "dcp/test_util.h"
 
 #include <stowage/error.h>
@@ -18,7 +19,7 @@ namespace {
 using testing::ScratchDir;
 
 std::string fixture(int version) {
-  return std::string(STOWAGE_SOURCE_DIR) + "/tests/dcp/fixtures/version" + std::to_string(version);
+  return test_paths::source_dir() + "/tests/dcp/fixtures/version" + std::to_string(version);
 }
 
 // What fuzz/make_seeds.cpp saved as its second seed, the fixtures' content: a state to
@@ -154,7 +155,7 @@ TEST(DcpFormatVersion, TheFuzzSeedsAreCheckpointsOfTheCurrentFormat) {
   // them, keep the older readers fuzzed too.
   int seeds = 0;
   for (const auto& file :
-       std::filesystem::directory_iterator(std::string(STOWAGE_SOURCE_DIR) + "/fuzz/corpus/metadata")) {
+       std::filesystem::directory_iterator(test_paths::source_dir() + "/fuzz/corpus/metadata")) {
     const std::string name = file.path().filename().string();
     if (name.rfind("seed-", 0) != 0) continue;
     SCOPED_TRACE(name);

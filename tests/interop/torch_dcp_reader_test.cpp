@@ -2,6 +2,7 @@
 // (torch 2.11.0; tests/interop/fixtures/torch_dcp/make_fixtures.py wrote the fixtures), and
 // refusing hostile or corrupt ones by name without touching the destination.
 
+#include "build_paths.h"
 #include "dcp/test_util.h"
 #include "interop/restricted_unpickler.h"
 #include "interop/torch_save_archive.h"
@@ -35,7 +36,7 @@ std::string bytes_of(const char (&literal)[N]) {
   return std::string(literal, N - 1);
 }
 
-const std::string kFixtures = std::string(STOWAGE_SOURCE_DIR) + "/tests/interop/fixtures/torch_dcp";
+const std::string kFixtures = test_paths::source_dir() + "/tests/interop/fixtures/torch_dcp";
 
 // A writable copy of a fixture.
 std::string copy_fixture(const ScratchDir& scratch, const std::string& name) {
@@ -609,11 +610,11 @@ TEST(TorchDcpUnpickler, RefusesTrailingBytesAndMissingMemo) {
 
 // ------------------------------------------------------------------ live torch
 
-// With the torch wheel's Python (STOWAGE_PYTHON), the generator writes the fixtures
+// With the torch wheel's Python (test_paths::python()), the generator writes the fixtures
 // afresh and what it writes loads: the committed fixtures are what torch writes today.
 TEST(TorchDcpReaderLive, LoadsWhatTheInstalledTorchWrites) {
-  const std::string python = STOWAGE_PYTHON;
-  if (python.empty()) GTEST_SKIP() << "built without STOWAGE_PYTHON (the torch wheel's Python)";
+  const std::string python = test_paths::python();
+  if (python.empty()) GTEST_SKIP() << "built without the torch wheel's Python";
   ScratchDir scratch;
   const std::string command =
       fmt::format("'{}' '{}/make_fixtures.py' '{}' >'{}/log' 2>&1", python, kFixtures, scratch.path(), scratch.path());

@@ -130,7 +130,7 @@ stowage::StateDict single_state() {
 }
 
 // The split of `size` into `world` parts, the first ones one longer (uneven shards).
-std::pair<int64_t, int64_t> split(int64_t size, int64_t world, int64_t rank) {
+std::pair<int64_t, int64_t> uneven_split(int64_t size, int64_t world, int64_t rank) {
   const int64_t base = size / world;
   const int64_t extra = size % world;
   return {rank * base + std::min(rank, extra), base + (rank < extra ? 1 : 0)};
@@ -139,7 +139,7 @@ std::pair<int64_t, int64_t> split(int64_t size, int64_t world, int64_t rank) {
 // This rank's shard of deterministic_tensor(shape, dtype), split along `dim`.
 c10::IValue shard(const std::vector<int64_t>& shape, torch::Dtype dtype, int64_t dim,
                   const stowage::dist::ProcessGroup& group) {
-  const auto [offset, length] = split(shape[dim], group.size(), group.rank());
+  const auto [offset, length] = uneven_split(shape[dim], group.size(), group.rank());
   std::vector<int64_t> offsets(shape.size(), 0);
   offsets[dim] = offset;
   return dcp::sharded_tensor(deterministic_tensor(shape, dtype).narrow(dim, offset, length).clone(), shape, offsets);

@@ -48,12 +48,14 @@ double max_relative_error(const at::Tensor& fused, const at::Tensor& reference, 
 std::vector<at::Tensor> random_fused_params(const std::vector<int64_t>& sizes, uint64_t seed) {
   at::manual_seed(static_cast<int64_t>(seed));
   std::vector<at::Tensor> params;
+  params.reserve(sizes.size());
   for (const int64_t size : sizes) params.push_back(at::randn({size}).requires_grad_(true));
   return params;
 }
 
 std::vector<at::Tensor> param_copies(const std::vector<at::Tensor>& params) {
   std::vector<at::Tensor> out;
+  out.reserve(params.size());
   for (const auto& p : params) out.push_back(p.detach().clone().requires_grad_(true));
   return out;
 }

@@ -49,7 +49,7 @@ TEST(Partition, RejectsNonPositiveParts) {
   EXPECT_THROW(partition_by_cost({1}, 0), InvalidArgument);
 }
 
-void expect_invalid(const SwapOptimizerConfig& config, const std::string& message) {
+void expect_config_invalid(const SwapOptimizerConfig& config, const std::string& message) {
   try {
     config.validate();
     FAIL() << "expected InvalidArgument containing: " << message;
@@ -71,13 +71,13 @@ TEST(SwapOptimizerConfig, DefaultsMatchTheReference) {
 }
 
 TEST(SwapOptimizerConfig, InvalidValuesAreNamed) {
-  expect_invalid(SwapOptimizerConfig().swap_times(0), "SwapOptimizerConfig.swap_times must be positive, got 0.");
-  expect_invalid(SwapOptimizerConfig().min_numel(-1), "SwapOptimizerConfig.min_numel must be non-negative, got -1.");
-  expect_invalid(SwapOptimizerConfig().state_keys({"exp_avg", "momentum_buffer"}),
+  expect_config_invalid(SwapOptimizerConfig().swap_times(0), "SwapOptimizerConfig.swap_times must be positive, got 0.");
+  expect_config_invalid(SwapOptimizerConfig().min_numel(-1), "SwapOptimizerConfig.min_numel must be non-negative, got -1.");
+  expect_config_invalid(SwapOptimizerConfig().state_keys({"exp_avg", "momentum_buffer"}),
                  "SwapOptimizerConfig.state_keys only supports Adam/AdamW states ('exp_avg', 'exp_avg_sq', "
                  "'max_exp_avg_sq', 'master_param'), but got ['momentum_buffer'].");
-  expect_invalid(SwapOptimizerConfig().state_keys({"exp_avg", "exp_avg"}), "lists 'exp_avg' more than once");
-  expect_invalid(SwapOptimizerConfig().state_keys({"master_param"}), "include_master_params is false");
+  expect_config_invalid(SwapOptimizerConfig().state_keys({"exp_avg", "exp_avg"}), "lists 'exp_avg' more than once");
+  expect_config_invalid(SwapOptimizerConfig().state_keys({"master_param"}), "include_master_params is false");
 }
 
 }  // namespace

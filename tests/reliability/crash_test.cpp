@@ -5,6 +5,7 @@
 // STOWAGE_CRASH_TRIALS sets the number of trials (scripts/crash_trials.sh runs 500),
 // STOWAGE_CRASH_SEED the seed.
 
+#include "build_paths.h"
 #include "cli/child_signal.h"
 #include "dcp/test_util.h"
 #include "reliability/generations.h"
@@ -164,7 +165,7 @@ class Series {
 
   void run_trial(std::mt19937_64& random, double& mean_save_ms, Figures& figures) {
     const int64_t start = last_committed_ + 1;
-    Child child({STOWAGE_CRASH_CHILD, root_, config_.mode, config_.single_file ? "1" : "0",
+    Child child({test_paths::crash_child(), root_, config_.mode, config_.single_file ? "1" : "0",
                  std::to_string(config_.threads), config_.overwrite ? "1" : "0", std::to_string(start)});
     const std::optional<std::string> ready = child.next_line(Clock::now() + std::chrono::seconds(120));
     ASSERT_EQ(ready.value_or("<nothing>"), "ready") << config_.name();

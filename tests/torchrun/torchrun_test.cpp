@@ -3,6 +3,7 @@
 // two nodes (two torchrun agents meeting through the c10d rendezvous on loopback), and an
 // elastic restart after a rank is SIGKILLed. Skipped, with the reason, in a build that
 // has no torchrun (Debian's LibTorch comes without one).
+#include "build_paths.h"
 #include "cli/child_signal.h"
 #include "cli/train_util.h"
 #include "dcp/test_util.h"
@@ -24,8 +25,8 @@
 namespace stowage::testing {
 namespace {
 
-const std::string kTorchrun = STOWAGE_TORCHRUN;
-const std::string kWorker = std::string(STOWAGE_BINARY_DIR) + "/tests/dcp_dist_worker";
+const std::string kTorchrun = test_paths::torchrun();
+const std::string kWorker = test_paths::binary_dir() + "/tests/dcp_dist_worker";
 
 #define SKIP_WITHOUT_TORCHRUN()                                                \
   if (kTorchrun.empty())                                                       \
