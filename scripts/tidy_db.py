@@ -11,7 +11,8 @@ Without, it covers the whole tree. Each unit is written out as its sources' text
 another, not as #includes of them: clang's static analyzer (clang-analyzer-*) analyzes only
 the functions of a unit's main file. Batches whose commands are the same but for their file
 are joined into units of up to MAX_SOURCES sources (each main() renamed main_of_<n>, so
-that executables join too): a unit costs ~40 s of LibTorch's headers
+that programs join too; fuzz/'s sources, which no CMake build of tidy's has, make one
+unit of their own): a unit costs ~40 s of LibTorch's headers
 whatever its size (most of it performance-unnecessary-value-param matching inside them), so
 ~20 units check what 47 batches did, in about half the time. Two sources that were never
 compiled together can clash (one name defined by both); the unit then fails to compile, and
@@ -68,8 +69,9 @@ def text_unit(name, batches, line_map):
     for source in sources:
         body = open(source).read()
         body += "" if body.endswith("\n") else "\n"
-        # Executables' batches join too: each main() gets a name of its own, on its own line.
-        body = re.sub(r"^int main\(", f"int main_of_{len(line_map[name])}(", body, flags=re.M)
+        # Programs join too: each entry point (main, a fuzzer's) gets a name of its own.
+        body = re.sub(r"^(int main|extern \"C\" int LLVMFuzzerTestOneInput)\(",
+                      lambda m: f"{m.group(1)}_of_{len(line_map[name])}(", body, flags=re.M)
         line_map[name].append((line, os.path.realpath(source)))
         text += body
         line += body.count("\n")
@@ -112,9 +114,14 @@ def whole_tree():
                 part = os.path.join(db, "units", f"{target_of(batch)}_{len(units)}_{os.path.basename(batch['file'])}")
                 parts.append(text_unit(part, [batch], line_map))
                 parts_of[name].append(part)
+    # fuzz/ (built only by scripts/fuzz.sh's clang build): one unit, on the library's command.
     library = next(e for e in entries if target_of(e) == "stowage")
     fuzz = os.path.join(root, "fuzz")
-    units += [single(os.path.join(fuzz, f), library) for f in sorted(os.listdir(fuzz)) if f.endswith(".cpp")]
+    fuzz_sources = [single(os.path.join(fuzz, f), library) for f in sorted(os.listdir(fuzz)) if f.endswith(".cpp")]
+    name = os.path.join(db, "units", f"fuzz_{len(units)}.cxx")
+    units.append(text_unit(name, fuzz_sources, line_map))
+    parts_of[name] = [source["file"] for source in fuzz_sources]
+    parts += fuzz_sources
     # The longest units first, so that no long one starts last.
     units.sort(key=lambda unit: unit.get("sources", 1), reverse=True)
     for unit in units + parts:
