@@ -5,6 +5,7 @@
 // Lengths are little-endian and clipped to what is there, so every input unpacks.
 
 #include <cstdint>
+#include <fstream>
 #include <string>
 
 namespace stowage::fuzz {
@@ -42,6 +43,12 @@ inline std::string pack(const PackedCheckpoint& checkpoint) {
   out += checkpoint.a;
   out += checkpoint.b;
   return out;
+}
+
+// Writes `bytes` as the whole of the file at `path` (the seeds, a fuzzed checkpoint's files).
+inline void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 }  // namespace stowage::fuzz

@@ -23,11 +23,6 @@ std::string read(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-void write(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -67,8 +62,8 @@ int main(int argc, char** argv) {
       }
     }
     packed.metadata = dcp::encode_metadata(metadata);
-    write(corpus + "/metadata/seed-" + std::to_string(i) + ".json", packed.metadata);
-    write(corpus + "/reader/seed-" + std::to_string(i) + ".bin", fuzz::pack(packed));
+    fuzz::write_file(corpus + "/metadata/seed-" + std::to_string(i) + ".json", packed.metadata);
+    fuzz::write_file(corpus + "/reader/seed-" + std::to_string(i) + ".bin", fuzz::pack(packed));
     std::filesystem::remove_all(dir);
   }
   return 0;

@@ -12,7 +12,6 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <set>
 #include <string>
 
@@ -25,11 +24,6 @@ class Empty final : public stowage::Stateful {
   stowage::StateDict state_dict() override { return stowage::StateDict(); }
   void load_state_dict(const stowage::StateDict&) override {}
 };
-
-void write(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
 
 const std::string& directory() {
   static const std::string dir = [] {
@@ -46,9 +40,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace stowage;
   const fuzz::PackedCheckpoint input = fuzz::unpack(std::string(reinterpret_cast<const char*>(data), size));
   const std::string& dir = directory();
-  write(dir + "/" + dcp::kMetadataFileName, input.metadata);
-  write(dir + "/a.data", input.a);
-  write(dir + "/b.data", input.b);
+  fuzz::write_file(dir + "/" + dcp::kMetadataFileName, input.metadata);
+  fuzz::write_file(dir + "/a.data", input.a);
+  fuzz::write_file(dir + "/b.data", input.b);
   try {
     dcp::FileSystemReader reader(dir);
     const dcp::Metadata metadata = reader.read_metadata();

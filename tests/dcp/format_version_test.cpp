@@ -154,8 +154,7 @@ TEST(DcpFormatVersion, TheFuzzSeedsAreCheckpointsOfTheCurrentFormat) {
   // fuzz/make_seeds.cpp writes seed-<i>.json; the fixtures' metadata, committed beside
   // them, keep the older readers fuzzed too.
   int seeds = 0;
-  for (const auto& file :
-       std::filesystem::directory_iterator(test_paths::source_dir() + "/fuzz/corpus/metadata")) {
+  for (const auto& file : std::filesystem::directory_iterator(test_paths::source_dir() + "/fuzz/corpus/metadata")) {
     const std::string name = file.path().filename().string();
     if (name.rfind("seed-", 0) != 0) continue;
     SCOPED_TRACE(name);

@@ -72,10 +72,11 @@ TEST(SwapOptimizerConfig, DefaultsMatchTheReference) {
 
 TEST(SwapOptimizerConfig, InvalidValuesAreNamed) {
   expect_config_invalid(SwapOptimizerConfig().swap_times(0), "SwapOptimizerConfig.swap_times must be positive, got 0.");
-  expect_config_invalid(SwapOptimizerConfig().min_numel(-1), "SwapOptimizerConfig.min_numel must be non-negative, got -1.");
+  expect_config_invalid(SwapOptimizerConfig().min_numel(-1),
+                        "SwapOptimizerConfig.min_numel must be non-negative, got -1.");
   expect_config_invalid(SwapOptimizerConfig().state_keys({"exp_avg", "momentum_buffer"}),
-                 "SwapOptimizerConfig.state_keys only supports Adam/AdamW states ('exp_avg', 'exp_avg_sq', "
-                 "'max_exp_avg_sq', 'master_param'), but got ['momentum_buffer'].");
+                        "SwapOptimizerConfig.state_keys only supports Adam/AdamW states ('exp_avg', 'exp_avg_sq', "
+                        "'max_exp_avg_sq', 'master_param'), but got ['momentum_buffer'].");
   expect_config_invalid(SwapOptimizerConfig().state_keys({"exp_avg", "exp_avg"}), "lists 'exp_avg' more than once");
   expect_config_invalid(SwapOptimizerConfig().state_keys({"master_param"}), "include_master_params is false");
 }
