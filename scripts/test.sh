@@ -17,15 +17,15 @@ libtorchs=(debian wheel)
 # slow; it does not fail the run (CI's own limit, 90 minutes, does). A warm run (ccache,
 # the tidy cache and the Python environment kept) takes far less than these.
 declare -A budget=(
-  ["debian build"]=540  # apt set-up, then the cold build (538 s)
-  ["debian ctest"]=260  # 331 s as one process a test; 227 s as one a suite (2026-12-05)
-  ["python env"]=60     # what is left of it once Debian's build is done (170 s alone)
-  ["wheel build"]=480   # the cold build (536 s with the Python environment)
-  ["wheel ctest"]=330   # 420 s as one process a test; 286 s as one a suite
-  [format]=10           # 2 s
-  [tidy]=900            # the whole tree, nothing remembered, shallow analyzer (~840 s alone)
-  [sanitize]=750        # the ASan + UBSan build and its five suites (736 s)
-  [fuzz]=240            # the fuzzers' build, then 30 s each (205 s)
+  ["debian build"]=540  # apt set-up, then the cold build: 489 s (2026-12-05)
+  ["debian ctest"]=260  # one process a suite: 206 s
+  ["python env"]=60     # what is left of it once Debian's build is done: 0 s (170 s alone)
+  ["wheel build"]=600   # the cold build: 575 s
+  ["wheel ctest"]=330   # one process a suite: 279 s
+  [format]=10           # 1 s
+  [tidy]=600            # the whole tree in 18 joined units, nothing remembered (~540 s, estimated)
+  [sanitize]=480        # the ASan + UBSan build at -O1 -g1 and its five suites: 441 s
+  [fuzz]=180            # the fuzzers' build, then the three at once for 45 s: 162 s
 )
 steps=()
 declare -A took=()

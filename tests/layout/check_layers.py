@@ -19,6 +19,10 @@ tests/cli/child_signal.h, which refuses a pid that names a group or every proces
 process the test did not start, so a raw kill(2) (killpg, tgkill, sigqueue) anywhere else
 under tests/ is reported too.
 
+And no code of the project calls at::parallel_for or at::parallel_reduce: their OpenMP
+region is compiled into the caller, and the project compiles without -fopenmp, where it runs
+serially; util::parallel_over_elements splits over ATen's threads inside LibTorch.
+
 Prints each include or signal call that breaks a rule and exits 1, or how many files it checked and
 exits 0. Every run first checks itself on a temporary tree with a violation of each kind
 planted (exit 2 if one goes unreported or a clean include is reported);
@@ -58,6 +62,9 @@ SOURCE_SUFFIXES = {".h", ".hh", ".hpp", ".hxx", ".inc", ".inl", ".ipp", ".tpp", 
 # The one file of tests/ that may call kill(2).
 SIGNAL_HELPER = "tests/cli/child_signal.h"
 RAW_SIGNAL = re.compile(r"(?<![\w.>])(?:::\s*)?(kill|killpg|tgkill|tkill|sigqueue)\s*\(")
+# ATen's splits whose OpenMP region runs serially in code built without -fopenmp.
+SERIAL_SPLIT = re.compile(r"(?<![\w.>])(?:::\s*)?at\s*::\s*(parallel_for|parallel_reduce)\b")
+SPLIT_FOLDERS = ("src", "include", "tools", "bench", "tests", "examples", "fuzz")
 # The library's include directories, in the compiler's order after a quoted name's own folder.
 INCLUDE_ROOTS = ("include", "src")
 DIRECTIVE = re.compile(r"\s*#\s*(include_next|include|import)\b\s*(.*)")
@@ -191,6 +198,21 @@ def raw_signal_problems(repo):
     return problems
 
 
+def serial_split_problems(repo):
+    """Each use of at::parallel_for or at::parallel_reduce in the project's code, as a line."""
+    problems = []
+    for folder in SPLIT_FOLDERS:
+        for file in sorted((repo / folder).rglob("*")):
+            if not file.is_file() or file.suffix not in SOURCE_SUFFIXES:
+                continue
+            for number, line in enumerate(file.read_text(errors="replace").split("\n"), 1):
+                match = SERIAL_SPLIT.search(line.split("//", 1)[0])
+                if match:
+                    problems.append(f"{file.relative_to(repo)}:{number}: at::{match.group(1)} runs serially here "
+                                    f"(no -fopenmp): use util::parallel_over_elements")
+    return problems
+
+
 def check(repo):
     """(every problem, how many files were checked) for the tree at `repo`."""
     repo = pathlib.Path(repo).resolve()
@@ -206,7 +228,7 @@ def check(repo):
             broken.append(f"{relative}: the folder {layer} has no rule in docs/ARCHITECTURE.md (nor in this check)")
             continue
         broken.extend(include_problems(repo, file, relative, layer))
-    return broken + raw_signal_problems(repo), len(files)
+    return broken + raw_signal_problems(repo) + serial_split_problems(repo), len(files)
 
 
 # The self-test's tree: each file's text; "# BAD" ends a line the check must report, and
@@ -241,6 +263,9 @@ SELF_TEST_TREE = {
     "tests/cli/ok_test.cpp": ("// kill(-1, SIGTERM) would signal every process\n"
                               "bool sent = signal_descendant(pid, SIGTERM);\nrun.kill_and_reap();\n"),
     "tests/cli/raw_test.cpp": "  kill(pid, SIGTERM);  # BAD\n  ::kill(-pid, SIGKILL);  # BAD\n  killpg(g, 9);  # BAD\n",
+    "src/util/split.cpp": ("// not at::parallel_for (serial here)\nutil::parallel_over_elements(t, 1, f);\n"
+                           "  at::parallel_for(0, n, 1, f);  # BAD\n  ::at::parallel_reduce(0, n, 1, 0, f, g);  # BAD\n"),
+    "bench/lib/split.cpp": "at :: parallel_for(0, n, 1, [&](int64_t b, int64_t e) {});  # BAD\n",
 }
 
 
