@@ -10,15 +10,15 @@ the command of the batch that compiles it (fuzz/ and headers: the library's).
 Without, it covers the whole tree. Each unit is written out as its sources' text, one after
 another, not as #includes of them: clang's static analyzer (clang-analyzer-*) analyzes only
 the functions of a unit's main file. Batches whose commands are the same but for their file
-are joined into units of up to MAX_SOURCES sources (each main() renamed main_of_<n>, so
-that programs join too; fuzz/'s sources, which no CMake build of tidy's has, make one
-unit of their own): a unit costs ~40 s of LibTorch's headers
-whatever its size (most of it performance-unnecessary-value-param matching inside them), so
-~20 units check what 47 batches did, in about half the time. Two sources that were never
-compiled together can clash (one name defined by both); the unit then fails to compile, and
-scripts/tidy_run.py checks its batches apart (DB/parts/compile_commands.json, and
-DB/parts_of.json: unit -> its batches). DB/line_map.json maps each unit's lines back to its
-sources' files and lines.
+are joined into units of up to MAX_SOURCES sources: a unit costs ~40 s of LibTorch's headers
+whatever its size (most of it performance-unnecessary-value-param matching inside them), and
+18 units check what 47 batches did. Each program's entry point (main, a fuzzer's
+LLVMFuzzerTestOneInput) is renamed in the unit's text, so that programs join too; fuzz/'s
+sources, which no CMake build of tidy's compiles, make one unit of their own. Two sources
+that were never compiled together can clash (one name defined by both); the unit then fails
+to compile, and scripts/tidy_run.py checks its batches apart (DB/parts/compile_commands.json,
+and DB/parts_of.json: unit -> its batches). DB/line_map.json maps each unit's lines back to
+its sources' files and lines.
 """
 import json
 import os
