@@ -1,5 +1,7 @@
 #include "optim/adam_update.h"
 
+#include "optim/fused_adam.h"
+
 #include <stowage/error.h>
 
 #include <torch/optim/adam.h>
@@ -9,12 +11,14 @@
 
 namespace stowage::optim::detail {
 
-AdamHyperParams adam_hyper_params(const torch::optim::OptimizerOptions& options, bool decoupled_weight_decay) {
+AdamHyperParams adam_hyper_params(const torch::optim::OptimizerOptions& options, bool decoupled_weight_decay,
+                                  bool fused_on_host) {
   AdamHyperParams hyper;
   static_cast<AdamOptionValues&>(hyper) =
       decoupled_weight_decay ? adam_option_values(static_cast<const torch::optim::AdamWOptions&>(options))
                              : adam_option_values(static_cast<const torch::optim::AdamOptions&>(options));
   hyper.decoupled_weight_decay = decoupled_weight_decay;
+  hyper.fused_on_host = fused_on_host;
   return hyper;
 }
 
@@ -26,16 +30,29 @@ void require_amsgrad_state(const AdamHyperParams& hyper, const at::Tensor& max_e
   }
 }
 
-void adam_update(const at::Tensor& param, const at::Tensor& grad_in, const at::Tensor& exp_avg,
-                 const at::Tensor& exp_avg_sq, const at::Tensor& max_exp_avg_sq, int64_t step,
-                 const AdamHyperParams& hyper) {
+namespace {
+
+// Whether the update takes the fused pass: asked for, and every tensor host fp32, dense
+// and contiguous.
+bool fusable(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+             const at::Tensor& max_exp_avg_sq, const AdamHyperParams& hyper) {
+  if (!hyper.fused_on_host) return false;
+  for (const at::Tensor* tensor : {&param, &grad, &exp_avg, &exp_avg_sq}) {
+    if (!fused_adam_unsupported(*tensor, "", param).empty()) return false;
+  }
+  return !hyper.amsgrad || fused_adam_unsupported(max_exp_avg_sq, "", param).empty();
+}
+
+// LibTorch's operations, one pass over memory each.
+void adam_update_op_by_op(const at::Tensor& param, const at::Tensor& grad_in, const at::Tensor& exp_avg,
+                          const at::Tensor& exp_avg_sq, const at::Tensor& max_exp_avg_sq, int64_t step,
+                          const AdamHyperParams& hyper) {
   const double beta1 = hyper.beta1;
   const double beta2 = hyper.beta2;
   // std::pow(double, int64_t), as LibTorch computes it from the int64_t step count.
   const auto bias_correction1 = 1 - std::pow(beta1, step);
   const auto bias_correction2 = 1 - std::pow(beta2, step);
 
-  require_amsgrad_state(hyper, max_exp_avg_sq);
   // The temporaries come first, so that a failure to allocate them changes nothing.
   at::Tensor grad = grad_in;
   if (hyper.weight_decay != 0 && !hyper.decoupled_weight_decay) {
@@ -62,6 +79,19 @@ void adam_update(const at::Tensor& param, const at::Tensor& grad_in, const at::T
   denom.div_(std::sqrt(bias_correction2)).add_(hyper.eps);
   const auto step_size = hyper.lr / bias_correction1;
   param.addcdiv_(exp_avg, denom, -step_size);
+}
+
+}  // namespace
+
+void adam_update(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                 const at::Tensor& exp_avg_sq, const at::Tensor& max_exp_avg_sq, int64_t step,
+                 const AdamHyperParams& hyper) {
+  require_amsgrad_state(hyper, max_exp_avg_sq);
+  if (fusable(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, hyper)) {
+    fused_adam_update(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, hyper);
+  } else {
+    adam_update_op_by_op(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, hyper);
+  }
 }
 
 void master_adamw_update(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& master,

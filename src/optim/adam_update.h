@@ -1,9 +1,11 @@
 #pragma once
 
-// The per-parameter Adam/AdamW update, shared by every optimizer of this module. It
-// performs exactly the tensor operations of LibTorch's Adam::step and AdamW::step, with
-// the same scalars and in the same order wherever one operation reads what another
-// writes, so that results are bit for bit equal.
+// The per-parameter Adam/AdamW update, shared by every optimizer of this module. On
+// tensors of any device it performs exactly the tensor operations of LibTorch's
+// Adam::step and AdamW::step, with the same scalars and in the same order wherever one
+// operation reads what another writes, so that results are bit for bit equal. With
+// fused_on_host, host fp32 tensors take the same operations per element in one fused pass
+// (optim/fused_adam.h): bit for bit on LibTorch 1.13, within its documented bound on 2.x.
 
 #include <stowage/state/optimizer_layout.h>
 
@@ -17,10 +19,15 @@ namespace stowage::optim::detail {
 // to the gradient.
 struct AdamHyperParams : AdamOptionValues {
   bool decoupled_weight_decay = false;
+  // Whether host fp32 tensors take the fused pass: set for stowage's optimizers, whose
+  // update is documented as fused (FusedAdamW, MasterAdamW), so that LibTorch's Adam and
+  // AdamW, wrapped or not, stay bit for bit LibTorch's on every version.
+  bool fused_on_host = false;
 };
 
 // Reads AdamOptions (decoupled = false) or AdamWOptions (decoupled = true).
-AdamHyperParams adam_hyper_params(const torch::optim::OptimizerOptions& options, bool decoupled_weight_decay);
+AdamHyperParams adam_hyper_params(const torch::optim::OptimizerOptions& options, bool decoupled_weight_decay,
+                                  bool fused_on_host);
 
 // Throws InvalidArgument when amsgrad is on and max_exp_avg_sq is undefined.
 void require_amsgrad_state(const AdamHyperParams& hyper, const at::Tensor& max_exp_avg_sq);

@@ -59,7 +59,8 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
   }
   require_fusable(param_groups_, state_);
   for (auto& group : param_groups_) {
-    const detail::AdamHyperParams hyper = detail::adam_hyper_params(group.options(), /*decoupled_weight_decay=*/true);
+    const detail::AdamHyperParams hyper =
+        detail::adam_hyper_params(group.options(), /*decoupled_weight_decay=*/true, /*fused_on_host=*/true);
     for (auto& param : group.params()) {
       if (!param.grad().defined()) continue;
       auto key = stowage::detail::state_key(state_, param);

@@ -74,7 +74,8 @@ at::Tensor MasterAdamW::step(LossClosure closure) {
     loss = closure();
   }
   for (auto& group : param_groups_) {
-    const detail::AdamHyperParams hyper = detail::adam_hyper_params(group.options(), /*decoupled_weight_decay=*/true);
+    const detail::AdamHyperParams hyper =
+        detail::adam_hyper_params(group.options(), /*decoupled_weight_decay=*/true, /*fused_on_host=*/true);
     for (auto& param : group.params()) {
       const at::Tensor& grad = param.grad();
       if (!grad.defined()) continue;

@@ -1,6 +1,7 @@
 #include "optim/param_state.h"
 
 #include <stowage/error.h>
+#include <stowage/optim/fused_adamw.h>
 #include <stowage/optim/master_adamw.h>
 #include <stowage/optim/swap_config.h>
 
@@ -13,9 +14,11 @@ namespace stowage::optim::detail {
 
 SwapTarget swap_target_of(const torch::optim::Optimizer& optimizer) {
   const OptimizerAdapter* adapter = find_optimizer_adapter(optimizer);
-  if (adapter == &adam_adapter()) return {adapter, Family::kAdam};
-  if (adapter == &adamw_adapter()) return {adapter, Family::kAdamW};
-  if (adapter == &master_adamw_adapter()) return {adapter, Family::kMasterAdamW};
+  if (adapter == &adam_adapter()) return {adapter, Family::kAdam, false};
+  if (adapter == &adamw_adapter()) {
+    return {adapter, Family::kAdamW, dynamic_cast<const FusedAdamW*>(&optimizer) != nullptr};
+  }
+  if (adapter == &master_adamw_adapter()) return {adapter, Family::kMasterAdamW, true};
   throw InvalidArgument(fmt::format(
       "Swap optimizer only supports torch::optim::Adam, torch::optim::AdamW and stowage::optim::MasterAdamW. Got {}.",
       c10::demangle(typeid(optimizer).name())));

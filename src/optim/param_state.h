@@ -27,6 +27,7 @@ enum class Family { kAdam, kAdamW, kMasterAdamW };
 struct SwapTarget {
   const OptimizerAdapter* adapter;
   Family family;
+  bool fused_on_host;  // AdamHyperParams::fused_on_host: a FusedAdamW or a MasterAdamW
 };
 // Throws stowage::InvalidArgument for any other optimizer type.
 SwapTarget swap_target_of(const torch::optim::Optimizer& optimizer);

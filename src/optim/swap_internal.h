@@ -154,6 +154,7 @@ struct SwapOptimizer::Rep {
   SwapEnv* env_;                     // config_.env(), or the standard one
   const OptimizerAdapter* adapter_;  // the wrapped optimizer's, from the registry
   detail::Family family_;
+  bool fused_on_host_ = false;      // detail::SwapTarget::fused_on_host
   std::vector<bool> swapped_slot_;  // by detail::StateSlot
   c10::Device device_;
   std::unique_ptr<memory::CopyEngine> engine_;

@@ -85,6 +85,7 @@ SwapOptimizer::Rep::Rep(std::shared_ptr<torch::optim::Optimizer> optimizer, Swap
   const detail::SwapTarget target = detail::swap_target_of(*optimizer_);
   adapter_ = target.adapter;
   family_ = target.family;
+  fused_on_host_ = target.fused_on_host;
   swapped_slot_.assign(detail::kSlotCount, false);
   for (const std::string& key : config_.swapped_keys()) {
     const int slot = detail::slot_of(key);
@@ -627,7 +628,7 @@ void SwapOptimizer::Rep::update_unit(Unit& unit, const std::function<at::Tensor(
   std::vector<at::Tensor> tensors(detail::kSlotCount);
   for (const UnitSlot& slot : unit.slots) tensors[slot.slot] = slot.swapped ? swapped_state(slot) : *slot.holder;
   const auto& options = optimizer_->param_groups()[unit.group].options();
-  const detail::AdamHyperParams hyper = detail::adam_hyper_params(options, family_ != Family::kAdam);
+  const detail::AdamHyperParams hyper = detail::adam_hyper_params(options, family_ != Family::kAdam, fused_on_host_);
   env_->before_update(unit.index);
   // The record moves with the count, so that after a failed step it still matches every
   // parameter, updated or not; its entry is made before the update writes.

@@ -142,7 +142,8 @@ TEST(FusedAdamUpdate, AdamsWeightDecayWithinTheRoundingBound) {
   std::vector<at::Tensor> reference_params = param_copies(fused_params);
   const auto options = torch::optim::AdamOptions(1e-2).weight_decay(0.05);
   torch::optim::Adam reference(reference_params, options);
-  const detail::AdamHyperParams hyper = detail::adam_hyper_params(options, /*decoupled_weight_decay=*/false);
+  const detail::AdamHyperParams hyper =
+      detail::adam_hyper_params(options, /*decoupled_weight_decay=*/false, /*fused_on_host=*/true);
   set_same_grads(fused_params, reference_params, 0);
   const std::vector<at::Tensor> before = param_copies(reference_params);
   reference.step();

@@ -1,5 +1,7 @@
 // The swap optimizer's parameters and states equal the unwrapped optimizer's bit for bit.
 
+#include <stowage/optim/fused_adamw.h>
+
 #include "optim/param_state.h"
 #include "optim/swap_test_util.h"
 
@@ -72,6 +74,13 @@ std::vector<Case> cases() {
   out.push_back({"MasterAdamWBf16SwappedMasters", torch::kBFloat16,
                  [](auto p) { return std::make_shared<MasterAdamW>(p, AdamWOptions(1e-2).amsgrad(true)); },
                  SwapOptimizerConfig().swap_times(3).include_master_params(true)});
+  // The fused pass on the host: the swap updates as the FusedAdamW it wraps does.
+  out.push_back({"FusedAdamW", torch::kFloat,
+                 [](auto p) { return std::make_shared<FusedAdamW>(p, AdamWOptions(1e-2).weight_decay(0.05)); },
+                 SwapOptimizerConfig().swap_times(3)});
+  out.push_back({"FusedAdamWAmsgrad", torch::kFloat,
+                 [](auto p) { return std::make_shared<FusedAdamW>(p, AdamWOptions(1e-2).amsgrad(true)); },
+                 SwapOptimizerConfig().swap_times(4)});
   out.push_back({"OnlyExpAvgSwapped", torch::kFloat,
                  [](auto p) { return std::make_shared<torch::optim::AdamW>(p, AdamWOptions(1e-2)); },
                  SwapOptimizerConfig().swap_times(5).state_keys({"exp_avg"})});

@@ -10,7 +10,9 @@
 // serialization and stowage's checkpoints take it as AdamW's), and the update's operations
 // per element, in the same order: bit for bit AdamW's on Debian's LibTorch 1.13, within 4
 // fp32 epsilons of each element's scale on PyTorch 2.11's, whose fp32 sqrt is not always
-// correctly rounded (tests/optim/fused_adamw_test.cpp).
+// correctly rounded (tests/optim/fused_adamw_test.cpp). A SwapOptimizer over a FusedAdamW
+// updates host parameters in the same pass, bit for bit FusedAdamW's; over LibTorch's
+// AdamW it runs LibTorch's operations, bit for bit AdamW's.
 
 #include <torch/optim/adamw.h>
 

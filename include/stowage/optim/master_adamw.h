@@ -2,10 +2,12 @@
 
 // AdamW for low-precision parameters (bf16, fp16) that keeps fp32 master weights.
 //
-// Each step runs LibTorch's AdamW update, in fp32, on the master copy of a parameter
-// (with the gradient cast to fp32) and then writes the master, rounded, back into the
-// parameter. The moments are fp32 too. Without masters, small updates of a bf16
-// parameter round away; with them they accumulate.
+// Each step runs AdamW's update, in fp32, on the master copy of a parameter (with the
+// gradient cast to fp32) and then writes the master, rounded, back into the parameter.
+// The moments are fp32 too. Without masters, small updates of a bf16 parameter round
+// away; with them they accumulate. On the host the update is FusedAdamW's one pass
+// (optim/fused_adamw.h, and its bound against LibTorch's AdamW); on a device, LibTorch's
+// AdamW operations.
 
 #include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
