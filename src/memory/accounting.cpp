@@ -44,10 +44,12 @@ class TrackingAllocator final : public PortableAllocator {
   }
   void reset_peak() { peak_.store(current_.load()); }
 
-  void set_cache_limit(int64_t limit) {
+  // Returns the limit before.
+  int64_t set_cache_limit(int64_t limit) {
     std::lock_guard<std::mutex> lock(cache_mutex_);
-    cache_limit_ = limit;
+    const int64_t previous = std::exchange(cache_limit_, limit);
     trim_locked();
+    return previous;
   }
 
   void empty_cache() {
@@ -182,6 +184,17 @@ void set_cpu_cache_limit(int64_t limit_bytes) {
 
 void empty_cpu_cache() {
   cpu_tracker().empty_cache();
+}
+
+ScopedCpuCacheLimit::ScopedCpuCacheLimit(int64_t limit_bytes) {
+  if (limit_bytes < 0) {
+    throw InvalidArgument(fmt::format("ScopedCpuCacheLimit: the limit must be >= 0 bytes, got {}", limit_bytes));
+  }
+  previous_bytes_ = cpu_tracker().set_cache_limit(limit_bytes);
+}
+
+ScopedCpuCacheLimit::~ScopedCpuCacheLimit() {
+  cpu_tracker().set_cache_limit(previous_bytes_);
 }
 
 MemoryStats memory_stats(c10::Device device) {

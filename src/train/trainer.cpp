@@ -50,6 +50,10 @@ void check_options(const TrainerOptions& options) {
         fmt::format("TrainerOptions: resume and resume_from '{}' exclude each other", options.resume_from()));
   }
   dcp::check_checkpoint_manager_options(options.checkpoints());
+  if (options.cpu_cache_bytes() < 0) {
+    throw InvalidArgument(
+        fmt::format("TrainerOptions: cpu_cache_bytes must not be negative, got {}", options.cpu_cache_bytes()));
+  }
   if (options.tokens_per_step() < 0) {
     throw InvalidArgument(
         fmt::format("TrainerOptions: tokens_per_step must not be negative, got {}", options.tokens_per_step()));
@@ -95,6 +99,7 @@ void run_agreed(const std::optional<dist::ProcessGroup>& group, const std::funct
 struct Trainer::Rep {
   explicit Rep(TrainerOptions options_in)
       : options((check_options(options_in), std::move(options_in))),
+        cpu_cache(options.cpu_cache_bytes()),
         notice(options.preemption()),
         world(dist::join_world()),
         device(dist::rank_device(options.device())) {}
@@ -113,6 +118,7 @@ struct Trainer::Rep {
   }
 
   TrainerOptions options;
+  memory::ScopedCpuCacheLimit cpu_cache;
   // From the start, before the ranks meet: a notice during the rendezvous or the restore
   // is kept for the first step boundary.
   dist::PreemptionNotice notice;

@@ -73,6 +73,20 @@ TEST(Accounting, CachedBlocksAreReusedWithinTheLimitAndNotCountedAsAllocated) {
   EXPECT_THROW(set_cpu_cache_limit(-1), InvalidArgument);
 }
 
+TEST(Accounting, AScopedCacheLimitPutsBackTheLimitBefore) {
+  enable_accounting();
+  set_cpu_cache_limit(0);
+  {
+    const ScopedCpuCacheLimit scoped(4 << 20);
+    { auto released = torch::empty({1 << 18}, torch::kFloat); }  // 1 MiB: cached
+    EXPECT_EQ(memory_stats().cached_bytes, 1 << 20);
+  }
+  EXPECT_EQ(memory_stats().cached_bytes, 0);  // the limit from before, 0, released it
+  { auto released = torch::empty({1 << 18}, torch::kFloat); }
+  EXPECT_EQ(memory_stats().cached_bytes, 0);
+  EXPECT_THROW(ScopedCpuCacheLimit(-1), InvalidArgument);
+}
+
 TEST(HostBuffer, ExactSizeAndCountedApartFromTheAllocator) {
   enable_accounting();
   const int64_t allocator_before = memory_allocated();

@@ -117,6 +117,19 @@ CLI::Validator byte_size() {
       "SIZE");
 }
 
+std::optional<int64_t> parse_byte_size_or_zero(const std::string& input) {
+  return input == "0" ? std::optional<int64_t>(0) : parse_byte_size(input);
+}
+
+CLI::Validator byte_size_or_zero() {
+  return CLI::Validator(
+      [](std::string& input) {
+        return parse_byte_size_or_zero(input) ? std::string()
+                                              : fmt::format("{} is not 0 or a size such as 5GB, 512MiB or 4096", input);
+      },
+      "SIZE");
+}
+
 std::optional<std::chrono::milliseconds> parse_duration(const std::string& input) {
   static const std::pair<const char*, int64_t> kUnits[] = {{"ms", 1}, {"s", 1'000}, {"m", 60'000}, {"h", 3'600'000}};
   const std::optional<int64_t> milliseconds = count_in_units(input, kUnits, /*fold_case=*/false, /*no_unit=*/1'000);

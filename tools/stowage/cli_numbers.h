@@ -61,6 +61,9 @@ CLI::Validator positive_number();
 std::optional<int64_t> parse_byte_size(const std::string& input);
 // Accepts what parse_byte_size parses.
 CLI::Validator byte_size();
+// What parse_byte_size parses, or "0" for none.
+std::optional<int64_t> parse_byte_size_or_zero(const std::string& input);
+CLI::Validator byte_size_or_zero();
 
 // A duration of whole units, as Slurm and Kubernetes users write grace periods: "30s",
 // "500ms", "2m", or a plain count of seconds ("30"); nullopt for anything else or past

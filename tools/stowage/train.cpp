@@ -59,6 +59,7 @@ train::TrainerOptions trainer_options(const TrainOptions& options, c10::Device d
       .zero_stage(options.zero_stage)
       .gradient_as_bucket_view(options.gradient_as_bucket_view)
       .tokens_per_step(options.batch * options.seq_len)
+      .cpu_cache_bytes(*parse_byte_size_or_zero(options.cpu_cache))  // the option's validator parsed it
       .events([log_every = options.log_every](const std::string& metrics_path) {
         return std::make_shared<Progress>(metrics_path, isatty(STDOUT_FILENO) != 0, log_every);
       });
@@ -168,6 +169,11 @@ void add_train_command(CLI::App& app) {
                   "start from another checkpoint: one stowage train wrote gives model, optimizer and step; any "
                   "other (stowage's or PyTorch DCP's) the model's weights, with a fresh optimizer at step 0")
       ->excludes(resume);
+  cmd->add_option("--cpu-cache", options->cpu_cache,
+                  "released CPU tensors of 128 KiB or more kept for the next step, up to this size in all (0: none; "
+                  "without it, each step faults its large temporaries in again)")
+      ->check(byte_size_or_zero())
+      ->capture_default_str();
   cmd->add_option("--log-every", options->log_every, "steps between log lines when not on a terminal")
       ->check(positive_integer<int64_t>())
       ->capture_default_str();

@@ -37,6 +37,7 @@ struct TrainOptions {
   bool allow_config_change = false;  // resume a run with other --corpus, --batch, model sizes or --seed
   std::string resume_from;           // another checkpoint to start from (stowage's or PyTorch DCP's)
   int64_t log_every = 25;
+  std::string cpu_cache = "1GiB";  // train::TrainerOptions::cpu_cache_bytes
   int nproc = 1;
   int64_t zero_stage = 2;                    // 1: optimizer state sharded; 2: gradients too
   bool gradient_as_bucket_view = true;       // false: the reducer's buckets are a second copy of the gradients

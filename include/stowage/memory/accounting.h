@@ -46,9 +46,21 @@ void reset_peak_memory_stats(c10::Device device = c10::kCPU);
 // `limit_bytes` in all, and hand them to later allocations of exactly their size (a
 // block that does not fit under the limit is released as before). 0, the default,
 // caches nothing; lowering the limit releases what exceeds it. Starts accounting.
-inline constexpr int64_t kMinCachedBlockBytes = int64_t(1) << 20;
+inline constexpr int64_t kMinCachedBlockBytes = int64_t(128) << 10;
 void set_cpu_cache_limit(int64_t limit_bytes);
 // Returns every cached CPU block to the system (like torch.cuda.empty_cache).
 void empty_cpu_cache();
+
+// set_cpu_cache_limit(limit_bytes) for its lifetime, then the limit from before it.
+class ScopedCpuCacheLimit {
+ public:
+  explicit ScopedCpuCacheLimit(int64_t limit_bytes);
+  ~ScopedCpuCacheLimit();
+  ScopedCpuCacheLimit(const ScopedCpuCacheLimit&) = delete;
+  ScopedCpuCacheLimit& operator=(const ScopedCpuCacheLimit&) = delete;
+
+ private:
+  int64_t previous_bytes_;
+};
 
 }  // namespace stowage::memory

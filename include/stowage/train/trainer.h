@@ -92,6 +92,12 @@ struct TrainerOptions {
   // every rank before each forward (DDP's broadcast_buffers), so that the replicas, and
   // the checkpoint that keeps one copy of them, agree.
   TORCH_ARG(bool, broadcast_buffers) = true;
+  // Released CPU tensors of at least memory::kMinCachedBlockBytes kept for the next step,
+  // up to this many bytes in all, while the Trainer lives (memory::ScopedCpuCacheLimit).
+  // Without it glibc's malloc gives a step's large temporaries back to the kernel and the
+  // next step faults them in again: ~3,000 page faults a step for `stowage train`'s model
+  // (docs/benchmarks.md, issue 37). 0: nothing cached.
+  TORCH_ARG(int64_t, cpu_cache_bytes) = int64_t(1) << 30;
   // Tokens (or samples) of one step over all ranks, for StepRecord::tokens_per_s; 0: none.
   TORCH_ARG(int64_t, tokens_per_step) = 0;
   // Makes rank 0's event sink, given <run_dir>/metrics.jsonl, once the run directory is
