@@ -2,9 +2,9 @@
 # ccache makes rebuilds fast; the sloppiness settings let it cache translation units that
 # use the precompiled header. The base directory (the checkout) and the build's
 # -ffile-prefix-map of it let a clone at another path (CI's) hit what this checkout
-# compiled, but for the units whose command line defines a path of the checkout: 28 of 48
-# Debian units hit in a clone (21 before); the 20 that missed were the tests', which since
-# take their paths from a generated source (tests/build_paths.h; not measured again).
+# compiled, with one catch measured in docs/reliability.md ("CI"): gcc's precompiled
+# header differs byte for byte from one compilation to the next, and ccache keys the units
+# that use it on its bytes, so they hit only when the clone's header compilation does.
 # The cache lives outside the checkout, beside the Python environment
 # (scripts/python_env.sh), and holds both LibTorchs' builds.
 launcher=()
