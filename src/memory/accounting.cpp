@@ -169,6 +169,13 @@ c10::DeviceAllocator* device_allocator(c10::Device device) {
   throw InvalidArgument(fmt::format("memory accounting is not available for device {} in this build", device.str()));
 }
 
+// Throws InvalidArgument naming `caller` for a negative cache limit.
+void require_cache_limit(int64_t limit_bytes, const char* caller) {
+  if (limit_bytes < 0) {
+    throw InvalidArgument(fmt::format("{}: the limit must be >= 0 bytes, got {}", caller, limit_bytes));
+  }
+}
+
 }  // namespace
 
 void enable_accounting() {
@@ -176,9 +183,7 @@ void enable_accounting() {
 }
 
 void set_cpu_cache_limit(int64_t limit_bytes) {
-  if (limit_bytes < 0) {
-    throw InvalidArgument(fmt::format("set_cpu_cache_limit: the limit must be >= 0 bytes, got {}", limit_bytes));
-  }
+  require_cache_limit(limit_bytes, "set_cpu_cache_limit");
   cpu_tracker().set_cache_limit(limit_bytes);
 }
 
@@ -187,9 +192,7 @@ void empty_cpu_cache() {
 }
 
 ScopedCpuCacheLimit::ScopedCpuCacheLimit(int64_t limit_bytes) {
-  if (limit_bytes < 0) {
-    throw InvalidArgument(fmt::format("ScopedCpuCacheLimit: the limit must be >= 0 bytes, got {}", limit_bytes));
-  }
+  require_cache_limit(limit_bytes, "ScopedCpuCacheLimit");
   previous_bytes_ = cpu_tracker().set_cache_limit(limit_bytes);
 }
 

@@ -50,6 +50,11 @@ struct RunResult {
   std::shared_ptr<Recorder> events = std::make_shared<Recorder>();
 };
 
+// The tests' optimizer, over one rank's share of the parameters.
+std::shared_ptr<torch::optim::Optimizer> adamw_of(std::vector<torch::Tensor> share) {
+  return std::make_shared<torch::optim::AdamW>(std::move(share), torch::optim::AdamWOptions(1e-2));
+}
+
 // Trains a BatchNorm/Dropout model on the test device to `steps`; raises SIGTERM in
 // step `signal_at` (0: never).
 RunResult train(TrainerOptions options, int64_t signal_at = 0) {
@@ -62,12 +67,7 @@ RunResult train(TrainerOptions options, int64_t signal_at = 0) {
                               torch::nn::Dropout(0.5), torch::nn::Linear(kWidth, kWidth));
   model->to(trainer.device());
   auto data = at::make_generator<at::CPUGeneratorImpl>(1);
-  trainer.prepare(
-      model.ptr(),
-      [](std::vector<torch::Tensor> share) {
-        return std::make_shared<torch::optim::AdamW>(std::move(share), torch::optim::AdamWOptions(1e-2));
-      },
-      data);
+  trainer.prepare(model.ptr(), adamw_of, data);
   for (int64_t step = trainer.restore(); step <= options.steps(); ++step) {
     const torch::Tensor x = at::randn({kBatch, kWidth}, data).to(trainer.device());
     trainer.begin_step();
@@ -173,12 +173,7 @@ int64_t page_faults_of_ten_steps(TrainerOptions options) {
   torch::manual_seed(0);
   torch::nn::Sequential model(torch::nn::Linear(256, 512), torch::nn::ReLU(), torch::nn::Linear(512, 256));
   auto data = at::make_generator<at::CPUGeneratorImpl>(1);
-  trainer.prepare(
-      model.ptr(),
-      [](std::vector<torch::Tensor> share) {
-        return std::make_shared<torch::optim::AdamW>(std::move(share), torch::optim::AdamWOptions(1e-3));
-      },
-      data);
+  trainer.prepare(model.ptr(), adamw_of, data);
   int64_t faults_at_step_4 = 0;
   for (int64_t step = trainer.restore(); step <= 13; ++step) {
     if (step == 4) faults_at_step_4 = minor_page_faults();

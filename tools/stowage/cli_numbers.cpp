@@ -108,13 +108,22 @@ std::optional<int64_t> parse_byte_size(const std::string& input) {
   return bytes;
 }
 
-CLI::Validator byte_size() {
+namespace {
+
+// Accepts what `parse` parses; otherwise says "<input> is not <what>".
+template <typename Parsed>
+CLI::Validator accepting(Parsed (*parse)(const std::string&), const char* what, const char* name) {
   return CLI::Validator(
-      [](std::string& input) {
-        return parse_byte_size(input) ? std::string()
-                                      : fmt::format("{} is not a positive size such as 5GB, 512MiB or 4096", input);
+      [parse, what](std::string& input) {
+        return parse(input) ? std::string() : fmt::format("{} is not {}", input, what);
       },
-      "SIZE");
+      name);
+}
+
+}  // namespace
+
+CLI::Validator byte_size() {
+  return accepting(parse_byte_size, "a positive size such as 5GB, 512MiB or 4096", "SIZE");
 }
 
 std::optional<int64_t> parse_byte_size_or_zero(const std::string& input) {
@@ -122,12 +131,7 @@ std::optional<int64_t> parse_byte_size_or_zero(const std::string& input) {
 }
 
 CLI::Validator byte_size_or_zero() {
-  return CLI::Validator(
-      [](std::string& input) {
-        return parse_byte_size_or_zero(input) ? std::string()
-                                              : fmt::format("{} is not 0 or a size such as 5GB, 512MiB or 4096", input);
-      },
-      "SIZE");
+  return accepting(parse_byte_size_or_zero, "0 or a size such as 5GB, 512MiB or 4096", "SIZE");
 }
 
 std::optional<std::chrono::milliseconds> parse_duration(const std::string& input) {
@@ -138,12 +142,7 @@ std::optional<std::chrono::milliseconds> parse_duration(const std::string& input
 }
 
 CLI::Validator duration() {
-  return CLI::Validator(
-      [](std::string& input) {
-        return parse_duration(input) ? std::string()
-                                     : fmt::format("{} is not a duration such as 30s, 500ms or 2m", input);
-      },
-      "DURATION");
+  return accepting(parse_duration, "a duration such as 30s, 500ms or 2m", "DURATION");
 }
 
 std::optional<int> parse_signal(const std::string& input) {
@@ -167,15 +166,7 @@ std::optional<int> parse_signal(const std::string& input) {
 }
 
 CLI::Validator signal_name() {
-  return CLI::Validator(
-      [](std::string& input) {
-        return parse_signal(input) ? std::string()
-                                   : fmt::format(
-                                         "{} is not a signal a scheduler sends: TERM, INT, HUP, USR1, USR2, "
-                                         "QUIT or XCPU",
-                                         input);
-      },
-      "SIGNAL");
+  return accepting(parse_signal, "a signal a scheduler sends: TERM, INT, HUP, USR1, USR2, QUIT or XCPU", "SIGNAL");
 }
 
 }  // namespace stowage::cli
