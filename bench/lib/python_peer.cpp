@@ -1,5 +1,7 @@
 #include "python_peer.h"
 
+#include "bench_paths.h"
+
 #include <stowage/error.h>
 
 #include <fmt/format.h>
@@ -15,17 +17,6 @@
 namespace stowage::bench {
 namespace {
 
-#ifdef STOWAGE_PYTHON
-constexpr const char* kPython = STOWAGE_PYTHON;
-#else
-constexpr const char* kPython = "";
-#endif
-#ifdef STOWAGE_PEER_SCRIPTS
-constexpr const char* kScripts = STOWAGE_PEER_SCRIPTS;
-#else
-constexpr const char* kScripts = "";
-#endif
-
 void close_fd(int& fd) {
   if (fd >= 0) ::close(fd);
   fd = -1;
@@ -34,7 +25,7 @@ void close_fd(int& fd) {
 }  // namespace
 
 bool python_peer_available() {
-  return kPython[0] != '\0' && kScripts[0] != '\0';
+  return !paths::python().empty() && !paths::peer_scripts().empty();
 }
 
 std::string python_peer_unavailable_reason() {
@@ -44,8 +35,8 @@ std::string python_peer_unavailable_reason() {
 
 PythonPeer::PythonPeer(const std::string& script, const std::vector<std::string>& args) : script_(script) {
   if (!python_peer_available()) throw Error(python_peer_unavailable_reason());
-  const std::string path = std::string(kScripts) + "/" + script;
-  std::vector<std::string> argv_strings{kPython, "-u", path};
+  const std::string path = paths::peer_scripts() + "/" + script;
+  std::vector<std::string> argv_strings{paths::python(), "-u", path};
   argv_strings.insert(argv_strings.end(), args.begin(), args.end());
   std::vector<char*> argv;
   argv.reserve(argv_strings.size() + 1);
@@ -86,7 +77,7 @@ PythonPeer::~PythonPeer() {
 }
 
 void PythonPeer::fail(const std::string& what) {
-  throw Error(fmt::format("Python peer bench/peer/{} ({}): {}", script_, kPython, what));
+  throw Error(fmt::format("Python peer bench/peer/{} ({}): {}", script_, paths::python(), what));
 }
 
 nlohmann::json PythonPeer::request(const nlohmann::json& request) {

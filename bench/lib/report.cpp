@@ -1,5 +1,7 @@
 #include "report.h"
 
+#include "bench_paths.h"
+
 #include <stowage/error.h>
 
 #include <fmt/format.h>
@@ -422,7 +424,7 @@ void run_plotter(const std::string& argument) {
                     kSystemPython));
   }
   const std::string command =
-      fmt::format("{} {} {} 2>&1", kSystemPython, shell_quoted(STOWAGE_REPORT_SCRIPT), shell_quoted(argument));
+      fmt::format("{} {} {} 2>&1", kSystemPython, shell_quoted(paths::report_script()), shell_quoted(argument));
   FILE* pipe = ::popen(command.c_str(), "r");
   if (pipe == nullptr) throw Error(fmt::format("bench report: cannot run {}: {}", kSystemPython, std::strerror(errno)));
   std::string output;
@@ -430,7 +432,8 @@ void run_plotter(const std::string& argument) {
   for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) output.append(buffer, n);
   const int status = ::pclose(pipe);
   while (!output.empty() && output.back() == '\n') output.pop_back();
-  if (status != 0) throw Error(output.empty() ? fmt::format("bench report: {} failed", STOWAGE_REPORT_SCRIPT) : output);
+  if (status != 0)
+    throw Error(output.empty() ? fmt::format("bench report: {} failed", paths::report_script()) : output);
 }
 
 void write_report_file(const std::filesystem::path& path, const std::string& text) {
