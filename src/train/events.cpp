@@ -18,15 +18,15 @@ MetricsFile::MetricsFile(const std::string& path) : path_(path), file_(path, std
   if (!file_) util::throw_errno("cannot open the metrics file", path, "open", errno);
 }
 
-void MetricsFile::write(const std::string& line) {
+void MetricsFile::record(const std::string& json_object) {
   // Each record reaches the file as it is written, so that a run killed (SIGKILL, a
   // crash) loses at most the line being written.
-  file_ << line << '\n';
+  file_ << json_object << '\n';
   file_.flush();
 }
 
 void MetricsFile::step(const StepRecord& r) {
-  write(nlohmann::json{{"event", "step"},
+  record(nlohmann::json{{"event", "step"},
                        {"step", r.step},
                        {"loss", r.loss},
                        {"tokens_per_s", r.tokens_per_s},
@@ -42,11 +42,11 @@ void MetricsFile::step(const StepRecord& r) {
 
 void MetricsFile::checkpoint(const dcp::SaveReport& r) {
   if (!r.committed) {
-    write(
+    record(
         nlohmann::json{{"event", "checkpoint_failed"}, {"step", r.step}, {"path", r.path}, {"error", r.error}}.dump());
     return;
   }
-  write(nlohmann::json{{"event", "checkpoint"},
+  record(nlohmann::json{{"event", "checkpoint"},
                        {"step", r.step},
                        {"staged_ms", r.blocked_s * 1e3},
                        {"committed_gbps", committed_gbps(r)},
@@ -56,7 +56,7 @@ void MetricsFile::checkpoint(const dcp::SaveReport& r) {
 }
 
 void MetricsFile::end(const RunSummary& s) {
-  write(nlohmann::json{{"event", "end"},
+  record(nlohmann::json{{"event", "end"},
                        {"first_step", s.first_step},
                        {"last_step", s.last_step},
                        {"seconds", s.seconds},

@@ -10,7 +10,9 @@
 #include "commands.h"
 #include "train_data.h"
 #include "train_model.h"
-#include "train_options.h"
+#include "launch_ranks.h"
+#include "device_option.h"
+#include "train_checks.h"
 #include "train_progress.h"
 #include "train_setup.h"
 
@@ -20,6 +22,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <unistd.h>
@@ -30,7 +33,9 @@ namespace stowage::cli {
 namespace {
 namespace fs = std::filesystem;
 
-train::TrainerOptions trainer_options(const TrainOptions& options, c10::Device device) {
+// `progress`: rank 0's events, once the Trainer's prepare() made them.
+train::TrainerOptions trainer_options(const TrainOptions& options, c10::Device device,
+                                      std::shared_ptr<Progress>& progress) {
   std::vector<int> signals;
   for (const std::string& name : options.preempt_signals) signals.push_back(*parse_signal(name));  // validated
   std::optional<optim::SwapOptimizerConfig> swap;
@@ -60,9 +65,23 @@ train::TrainerOptions trainer_options(const TrainOptions& options, c10::Device d
       .gradient_as_bucket_view(options.gradient_as_bucket_view)
       .tokens_per_step(options.batch * options.seq_len)
       .cpu_cache_bytes(*parse_byte_size_or_zero(options.cpu_cache))  // the option's validator parsed it
-      .events([log_every = options.log_every](const std::string& metrics_path) {
-        return std::make_shared<Progress>(metrics_path, isatty(STDOUT_FILENO) != 0, log_every);
+      .events([&progress, log_every = options.log_every](const std::string& metrics_path) {
+        progress = std::make_shared<Progress>(metrics_path, isatty(STDOUT_FILENO) != 0, log_every);
+        return progress;
       });
+}
+
+// metrics.jsonl's "setup" record: what the flags picked, for a program that reads the run
+// (the benchmarks).
+void record_setup(Progress& progress, LanguageModel& model, const ActivationCheckpointing& recompute) {
+  int64_t parameters = 0;
+  for (const auto& p : model->parameters()) parameters += p.numel();
+  progress.record(nlohmann::json{{"event", "setup"},
+                                 {"parameters", parameters},
+                                 {"activation_checkpointing", recompute.picked},
+                                 {"activation_budget_bytes", recompute.budget_bytes},
+                                 {"activation_measured_peak_bytes", recompute.measured_peak_bytes}}
+                      .dump());
 }
 
 int train(const TrainOptions& options) {
@@ -70,11 +89,12 @@ int train(const TrainOptions& options) {
   // "cuda" alone is each rank's cuda:LOCAL_RANK: that is the one to check.
   const c10::Device device =
       parse_device(options.device == "cuda" ? dist::rank_device(c10::Device(c10::kCUDA)).str() : options.device);
-  train::Trainer trainer(trainer_options(options, device));
+  std::shared_ptr<Progress> progress;
+  train::Trainer trainer(trainer_options(options, device, progress));
   const Corpus corpus = Corpus::load(options.corpus, options.seq_len + 2);
   LanguageModel model = make_model(options);
   model->to(trainer.device());  // initialised on the CPU, so that every device starts from the same weights
-  const std::string recompute =
+  const ActivationCheckpointing recompute =
       configure_activation_checkpointing(model, options, corpus, trainer.device(), trainer.world().size);
   const double lr = options.lr;
   auto data = at::make_generator<at::CPUGeneratorImpl>(options.seed + 1);  // the global batch, on every rank
@@ -84,7 +104,10 @@ int train(const TrainOptions& options) {
         return std::make_shared<torch::optim::AdamW>(std::move(share), torch::optim::AdamWOptions(lr));
       },
       data);
-  if (trainer.events()) trainer.events()->message(describe_run(options, model, corpus, recompute, trainer));
+  if (progress) {
+    record_setup(*progress, model, recompute);
+    progress->message(describe_run(options, model, corpus, recompute, trainer));
+  }
   const int64_t slice = options.batch / trainer.world().size;
   for (int64_t step = trainer.restore(); step <= options.steps; ++step) {
     auto [inputs, targets] = corpus.sample(options.batch, options.seq_len, data);
@@ -104,120 +127,7 @@ int train(const TrainOptions& options) {
 void add_train_command(CLI::App& app) {
   auto options = std::make_shared<TrainOptions>();
   auto* cmd = app.add_subcommand("train", "Train a byte-level transformer language model on a text corpus");
-  cmd->add_option("--corpus", options->corpus, "text file or directory of text files")->capture_default_str();
-  cmd->add_option("--run-dir", options->run_dir, "where metrics and checkpoints go")->capture_default_str();
-  cmd->add_option("--steps", options->steps, "train until this step")
-      ->check(positive_integer<int64_t>())
-      ->capture_default_str();
-  cmd->add_option("--batch", options->batch, "sequences per step")
-      ->check(positive_integer<int64_t>())
-      ->capture_default_str();
-  cmd->add_option("--seq-len", options->seq_len, "tokens per sequence")
-      ->check(positive_integer<int64_t>())
-      ->capture_default_str();
-  cmd->add_option("--layers", options->layers, "transformer blocks")
-      ->check(positive_integer<int64_t>())
-      ->capture_default_str();
-  cmd->add_option("--width", options->width, "model width")->check(positive_integer<int64_t>())->capture_default_str();
-  cmd->add_option("--heads", options->heads, "attention heads")
-      ->check(positive_integer<int64_t>())
-      ->capture_default_str();
-  cmd->add_option("--lr", options->lr, "AdamW learning rate")->check(positive_number())->capture_default_str();
-  cmd->add_option("--seed", options->seed, "random seed")
-      ->check(non_negative_integer<uint64_t>())
-      ->capture_default_str();
-  cmd->add_option("--threads", options->threads, "intra-op threads")
-      ->check(positive_integer<int>())
-      ->capture_default_str();
-  cmd->add_option("--recompute-segments", options->recompute_segments,
-                  "activation checkpointing: checkpoint_sequential segments over the blocks (0: off)")
-      ->check(non_negative_integer<int64_t>())
-      ->capture_default_str();
-  cmd->add_option("--selective-recompute", options->selective_recompute,
-                  "activation checkpointing of one part of each block only: its attention core (scores, softmax, "
-                  "weighted values) or its MLP; with --recompute-segments 0")
-      ->check(CLI::IsMember({"attention-core", "mlp"}));
-  cmd->add_flag("--offload-checkpoint-inputs", options->offload_checkpoint_inputs,
-                "activation checkpointing: keep the inputs of the checkpoints in pinned host memory until backward "
-                "(on a device; nothing on the CPU)");
-  cmd->add_option("--activation-budget", options->activation_budget,
-                  "activation checkpointing picked for a budget: which blocks run plainly, with their attention "
-                  "core and MLP recomputed, recomputed whole, or with their inputs offloaded, so that a step's "
-                  "activation peak fits SIZE (e.g. 24MiB) with the least recomputation")
-      ->check(byte_size());
-  cmd->add_option("--swap-times", options->swap_times,
-                  "optimizer-state swap batches (0: plain AdamW with its state resident)")
-      ->check(non_negative_integer<int64_t>())
-      ->capture_default_str();
-  cmd->add_option("--swap-to", options->swap_to,
-                  "where swapped optimizer states live between steps: host, or disk:DIR (scratch files in DIR, "
-                  "read and written one batch ahead)")
-      ->capture_default_str();
-  cmd->add_option("--swap-host-budget", options->swap_host_budget,
-                  "with --swap-to disk:DIR: host memory for the disk tier's buffers, e.g. 256MiB (default: four "
-                  "buffers of one batch)")
-      ->check(byte_size());
-  cmd->add_option("--ckpt-every", options->ckpt_every, "asynchronous checkpoint every K steps (0: none)")
-      ->check(non_negative_integer<int64_t>())
-      ->capture_default_str();
-  cmd->add_option("--keep", options->keep, "committed checkpoints to keep")
-      ->check(positive_integer<int64_t>())
-      ->capture_default_str();
-  auto* resume =
-      cmd->add_flag("--resume", options->resume, "continue from the run directory's latest committed checkpoint");
-  cmd->add_option("--resume-from", options->resume_from,
-                  "start from another checkpoint: one stowage train wrote gives model, optimizer and step; any "
-                  "other (stowage's or PyTorch DCP's) the model's weights, with a fresh optimizer at step 0")
-      ->excludes(resume);
-  cmd->add_option("--cpu-cache", options->cpu_cache,
-                  "released CPU tensors of 128 KiB or more kept for the next step, up to this size in all (0: none; "
-                  "without it, each step faults its large temporaries in again)")
-      ->check(byte_size_or_zero())
-      ->capture_default_str();
-  cmd->add_option("--log-every", options->log_every, "steps between log lines when not on a terminal")
-      ->check(positive_integer<int64_t>())
-      ->capture_default_str();
-  cmd->add_option("--nproc", options->nproc,
-                  "data-parallel ranks on this machine, started as with `stowage launch`; --batch is split "
-                  "over them and the optimizer state sharded")
-      ->check(positive_integer<int>())
-      ->capture_default_str();
-  cmd->add_option("--zero-stage", options->zero_stage,
-                  "with several ranks: 1 shards the optimizer state over them, 2 the gradients too (each rank "
-                  "keeps only those of its own parameters); stage 3 (parameters) is not supported")
-      ->check(integer_in<int64_t>(1, 2))
-      ->capture_default_str();
-  cmd->add_option("--gradient-as-bucket-view", options->gradient_as_bucket_view,
-                  "with several ranks: the gradients are views of the reducer's buckets (true), or the buckets a "
-                  "second copy of them (false: more memory and copies, as PyTorch DDP's default)")
-      ->capture_default_str();
-  cmd->add_option(
-         "--device", options->device,
-         "where the model trains: cpu, sim or sim:N (the simulated device, with LibTorch 2.x), cuda:N, or cuda "
-         "(each rank on cuda:LOCAL_RANK)")
-      ->capture_default_str();
-  cmd->add_option("--on-save-failure", options->on_save_failure,
-                  "a failed checkpoint: continue (reported on stderr and in metrics.jsonl; the run exits 1 at the "
-                  "end if its last checkpoint failed) or stop")
-      ->check(CLI::IsMember({"continue", "stop"}))
-      ->capture_default_str();
-  cmd->add_option("--max-save-failures", options->max_save_failures,
-                  "with --on-save-failure continue: this many failed checkpoints in a row stop the run (0: never)")
-      ->check(non_negative_integer<int64_t>())
-      ->capture_default_str();
-  cmd->add_option("--preempt-signal", options->preempt_signals,
-                  "signals that preempt the run: it finishes the step, saves it and exits with status 75; a "
-                  "second one exits at once (repeat the flag for several: TERM, USR1, ...)")
-      ->check(signal_name())
-      ->capture_default_str();
-  cmd->add_option("--preempt-grace", options->preempt_grace,
-                  "after a preempting signal, exit this long later even if the checkpoint is not committed "
-                  "(e.g. 30s; 0: no deadline)")
-      ->check(duration())
-      ->capture_default_str();
-  cmd->add_flag("--allow-config-change", options->allow_config_change,
-                "--resume a run with another --corpus, --batch, --seq-len, --layers, --width, --heads or --seed "
-                "than it was started with (refused otherwise)");
+  add_train_options(*cmd, *options);
   cmd->callback([options, cmd] {
     // The budget picks the plan: it sets aside the default segments, not ones the user gave.
     if (!options->activation_budget.empty() && cmd->count("--recompute-segments") == 0) {

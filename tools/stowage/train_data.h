@@ -10,10 +10,6 @@
 
 namespace stowage::cli {
 
-// Where the default corpus comes from: Debian's base-files package installs these
-// licence texts (~260 KiB) on every machine, so training needs no download.
-inline constexpr const char* kDefaultCorpusDir = "/usr/share/common-licenses";
-
 class Corpus {
  public:
   // Reads `path` (a file, or every regular file of a directory in name order).

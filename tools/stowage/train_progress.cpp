@@ -156,6 +156,10 @@ void Progress::warning(const std::string& text) {
   if (interactive_) draw();
 }
 
+void Progress::record(const std::string& json_object) {
+  metrics_.record(json_object);
+}
+
 void Progress::draw() {
   if (!last_step_) return;
   // One column short of the width: a line that fills the last column leaves some

@@ -48,6 +48,8 @@ class Progress final : public train::EventSink {
   void message(const std::string& text) override;
   // A line on stderr, above the bar.
   void warning(const std::string& text) override;
+  // A record of the tool's own in metrics.jsonl (train::MetricsFile::record).
+  void record(const std::string& json_object);
 
  private:
   void draw();

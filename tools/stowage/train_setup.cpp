@@ -1,7 +1,7 @@
 #include "train_setup.h"
 
 #include "cli_numbers.h"
-#include "train_options.h"
+#include "train_checks.h"
 #include "train_progress.h"
 
 #include <stowage/activation/budget.h>
@@ -26,7 +26,7 @@ activation::CheckpointOptions checkpoint_options(const TrainOptions& options) {
 
 // Picks which blocks to checkpoint for --activation-budget, measuring a step as the
 // Trainer does at its first one: the gradients are made in backward.
-std::string fit_activation_budget(LanguageModel& model, const TrainOptions& options, const Corpus& corpus,
+ActivationCheckpointing fit_activation_budget(LanguageModel& model, const TrainOptions& options, const Corpus& corpus,
                                   c10::Device device, int64_t ranks) {
   const int64_t budget = *parse_byte_size(options.activation_budget);  // the option's validator parsed it
   auto generator = at::make_generator<at::CPUGeneratorImpl>(options.seed + 2);
@@ -53,8 +53,7 @@ std::string fit_activation_budget(LanguageModel& model, const TrainOptions& opti
   const activation::FittedPlan fitted =
       activation::fit_activation_budget(model->blocks(), block_input, budget, step_peak);
   for (auto& p : model->parameters()) p.mutable_grad().reset();
-  return fmt::format("{} for a budget of {} (a step measured {})", fitted.plan.describe(), format_bytes(budget),
-                     format_bytes(fitted.measured_peak_bytes));
+  return {fitted.plan.describe(), budget, fitted.measured_peak_bytes};
 }
 
 }  // namespace
@@ -86,16 +85,22 @@ void check_run(const TrainOptions& options) {
   train::check_run_directory(options.run_dir, run_config(options), options.resume, options.allow_config_change);
 }
 
-std::string configure_activation_checkpointing(LanguageModel& model, const TrainOptions& options, const Corpus& corpus,
-                                               c10::Device device, int64_t ranks) {
+std::string ActivationCheckpointing::describe() const {
+  if (budget_bytes == 0) return picked;
+  return fmt::format("{} for a budget of {} (a step measured {})", picked, format_bytes(budget_bytes),
+                     format_bytes(measured_peak_bytes));
+}
+
+ActivationCheckpointing configure_activation_checkpointing(LanguageModel& model, const TrainOptions& options,
+                                                           const Corpus& corpus, c10::Device device, int64_t ranks) {
   if (!options.activation_budget.empty()) return fit_activation_budget(model, options, corpus, device, ranks);
   const char* offload = options.offload_checkpoint_inputs ? ", inputs offloaded" : "";
-  if (options.recompute_segments > 0) return fmt::format("{} segments{}", options.recompute_segments, offload);
-  if (options.selective_recompute.empty()) return "off";
+  if (options.recompute_segments > 0) return {fmt::format("{} segments{}", options.recompute_segments, offload)};
+  if (options.selective_recompute.empty()) return {"off"};
   const std::string site = options.selective_recompute == "mlp" ? "mlp" : "attention_core";
   activation::apply_activation_checkpointing(*model, activation::module_name(R"(blocks\.\d+\.)" + site),
                                              checkpoint_options(options));
-  return fmt::format("selective ({}){}", options.selective_recompute, offload);
+  return {fmt::format("selective ({}){}", options.selective_recompute, offload)};
 }
 
 torch::Tensor run_blocks(const TrainOptions& options, torch::nn::Sequential& blocks, const torch::Tensor& x) {
@@ -104,7 +109,7 @@ torch::Tensor run_blocks(const TrainOptions& options, torch::nn::Sequential& blo
 }
 
 std::string describe_run(const TrainOptions& options, LanguageModel& model, const Corpus& corpus,
-                         const std::string& activation_checkpointing, train::Trainer& trainer) {
+                         const ActivationCheckpointing& activation_checkpointing, train::Trainer& trainer) {
   int64_t parameters = 0;
   for (const auto& p : model->parameters()) parameters += p.numel();
   optim::ZeroRedundancyOptimizer& optimizer = trainer.optimizer();
@@ -116,7 +121,7 @@ std::string describe_run(const TrainOptions& options, LanguageModel& model, cons
   return fmt::format(
       "training a {}-layer byte-level transformer ({:.2f}M parameters) on '{}' ({} bytes); activation "
       "checkpointing: {}; optimizer: {}; checkpoints: {}{}{}",
-      options.layers, parameters / 1e6, corpus.source(), corpus.size(), activation_checkpointing, optimizer_text,
+      options.layers, parameters / 1e6, corpus.source(), corpus.size(), activation_checkpointing.describe(), optimizer_text,
       options.ckpt_every > 0 ? fmt::format("every {} steps into {}/checkpoints, keeping {}", options.ckpt_every,
                                            options.run_dir, options.keep)
                              : "off",

@@ -82,9 +82,11 @@ class MetricsFile : public EventSink {
   void message(const std::string& text) override;
   void warning(const std::string& text) override;
 
- private:
-  void write(const std::string& line);
+  // A record of the program's own, written and flushed as the others: one JSON object
+  // whose "event" names it (`stowage train` adds "setup": what its flags picked).
+  void record(const std::string& json_object);
 
+ private:
   std::string path_;
   std::ofstream file_;
 };

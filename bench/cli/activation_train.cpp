@@ -1,7 +1,6 @@
-#include "bench_activation_train.h"
+#include "activation_train.h"
 
-#include "child_process.h"
-#include "commands.h"
+#include "train_run.h"
 
 #include <bench_util.h>
 #include <emit.h>
@@ -12,11 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <limits>
-#include <map>
-#include <regex>
 #include <utility>
 
 namespace stowage::cli {
@@ -47,25 +42,24 @@ bool is_selective_mode(const std::string& mode) {
   return mode == "attention core" || mode == "mlp";
 }
 
+// A way of checkpointing the model: the flags it sets on `stowage train`.
 struct CheckpointingMode {
   std::string name;
-  std::vector<std::string> args;  // what the mode adds to `stowage train`
+  int64_t recompute_segments = 0;
+  std::string selective_recompute;
+  bool offload_checkpoint_inputs = false;
   int64_t budget_bytes = 0;
 };
 
 std::vector<CheckpointingMode> checkpointing_modes(const TrainOptions& train) {
   const auto layers = train.layers;
   const auto root = std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(layers))));
-  std::vector<CheckpointingMode> modes = {
-      {"none", {"--recompute-segments", "0"}},
-      {whole_mode_name(root) + " (sqrt n)", {"--recompute-segments", std::to_string(root)}},
-      {whole_mode_name(layers), {"--recompute-segments", std::to_string(layers)}},
-      {"attention core", {"--recompute-segments", "0", "--selective-recompute", "attention-core"}},
-      {"mlp", {"--recompute-segments", "0", "--selective-recompute", "mlp"}}};
-  if (train.device != "cpu") {  // offload does nothing on the CPU
-    modes.push_back(
-        {offloaded_mode_name(layers), {"--recompute-segments", std::to_string(layers), "--offload-checkpoint-inputs"}});
-  }
+  std::vector<CheckpointingMode> modes = {{"none"},
+                                          {whole_mode_name(root) + " (sqrt n)", root},
+                                          {whole_mode_name(layers), layers},
+                                          {"attention core", 0, "attention-core"},
+                                          {"mlp", 0, "mlp"}};
+  if (train.device != "cpu") modes.push_back({offloaded_mode_name(layers), layers, "", true});  // nothing on the CPU
   return modes;
 }
 
@@ -73,48 +67,33 @@ std::vector<CheckpointingMode> checkpointing_modes(const TrainOptions& train) {
 // `unplanned` (none's), so that each of the three is one some plan can meet.
 CheckpointingMode budget_checkpointing_mode(double share, int64_t least, int64_t unplanned) {
   const auto budget = least + static_cast<int64_t>(share * static_cast<double>(unplanned - least));
-  return {fmt::format("budget {:.0f}% ({:.1f} MiB)", 100 * share, static_cast<double>(budget) / (1 << 20)),
-          {"--recompute-segments", "0", "--activation-budget", std::to_string(budget)},
-          budget};
+  return {fmt::format("budget {:.0f}% ({:.1f} MiB)", 100 * share, static_cast<double>(budget) / (1 << 20)), 0, "",
+          false, budget};
 }
 
 // One `stowage train` run of `mode` at `seq_len`.
 ActivationTrainBenchRow run_checkpointing_mode(const ActivationTrainBenchOptions& o, const CheckpointingMode& mode,
                                                int64_t seq_len, const bench::Scratch& scratch) {
-  const std::string run_dir = scratch.sub("run");
-  std::filesystem::remove_all(run_dir);
-  std::vector<std::string> args = {executable_path(), "train",
-                                   "--run-dir",       run_dir,
-                                   "--device",        o.train.device,
-                                   "--steps",         std::to_string(o.train.steps),
-                                   "--batch",         std::to_string(o.train.batch),
-                                   "--seq-len",       std::to_string(seq_len),
-                                   "--layers",        std::to_string(o.train.layers),
-                                   "--width",         std::to_string(o.train.width),
-                                   "--heads",         std::to_string(o.train.heads),
-                                   "--threads",       std::to_string(o.train.threads),
-                                   "--swap-times",    "0",
-                                   "--ckpt-every",    "0",
-                                   "--log-every",     "1000000"};
-  args.insert(args.end(), mode.args.begin(), mode.args.end());
-  const std::string output = run_child_or_throw(
-      args, scratch.sub("run.log"),
+  TrainOptions train = o.train;
+  train.run_dir = scratch.sub("run");
+  train.seq_len = seq_len;
+  train.recompute_segments = mode.recompute_segments;
+  train.selective_recompute = mode.selective_recompute;
+  train.offload_checkpoint_inputs = mode.offload_checkpoint_inputs;
+  if (mode.budget_bytes > 0) train.activation_budget = std::to_string(mode.budget_bytes);
+  const TrainRecords records = run_train_or_throw(
+      train, scratch.sub("run.log"),
       fmt::format("bench activation --train-model: `stowage train` ({}, seq {})", mode.name, seq_len));
   ActivationTrainBenchRow row;
   row.seq_len = seq_len;
   row.mode = mode.name;
   row.budget_bytes = mode.budget_bytes;
-  std::smatch plan;
-  if (std::regex_search(output, plan, std::regex("activation checkpointing: (.*) for a budget of"))) row.plan = plan[1];
+  if (mode.budget_bytes > 0) row.plan = records.activation_checkpointing;
   std::vector<double> step_s;
-  std::ifstream in(run_dir + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!record.is_object() || record.value("event", "") != "step") continue;
-    row.peak_activation_bytes = std::max(row.peak_activation_bytes, record.at("peak_activation_bytes").get<int64_t>());
-    if (record.at("step").get<int64_t>() > kActivationWarmupSteps) step_s.push_back(record.at("step_s"));
+  for (const train::StepRecord& step : records.steps) {
+    row.peak_activation_bytes = std::max(row.peak_activation_bytes, step.peak_activation_bytes);
+    if (step.step > kActivationWarmupSteps) step_s.push_back(step.step_s);
   }
-  std::filesystem::remove_all(run_dir);
   if (step_s.empty()) {
     throw Error(fmt::format("bench activation --train-model: `stowage train` ({}) logged no step after the first {}",
                             mode.name, kActivationWarmupSteps));
@@ -279,6 +258,9 @@ TrainOptions ActivationTrainBenchOptions::default_run() {
   run.batch = 8;
   run.threads = 1;  // two threads on this machine's two cores make step times vary by 2x
   run.steps = 6;
+  run.swap_times = 0;
+  run.ckpt_every = 0;
+  run.log_every = 1000000;  // no progress lines: the figures are the metrics'
   return run;
 }
 

@@ -1,4 +1,4 @@
-#include "commands.h"
+#include "device_option.h"
 
 #include <stowage/build_info.h>
 #include <stowage/error.h>

@@ -1,5 +1,7 @@
 #include "cli_numbers.h"
 #include "commands.h"
+#include "device_option.h"
+#include "launch_ranks.h"
 
 #include "train_model.h"
 
@@ -33,7 +35,7 @@ double distributed_save_gbps(const bench::DcpBenchOptions& options, int nproc) {
   const std::string result_file = scratch + "/result";
   const int status =
       launch_ranks(nproc, 0, std::chrono::seconds(10),
-                   {executable_path(), "bench", "dcp", "--as-rank", "--size-mib", std::to_string(options.size_mib),
+                   {executable_path(), "dcp", "--as-rank", "--size-mib", std::to_string(options.size_mib),
                     "--dir", scratch + "/checkpoint", "--result-file", result_file});
   std::ifstream in(result_file);
   double gbps = 0;

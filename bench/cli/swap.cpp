@@ -1,5 +1,6 @@
 #include "cli_numbers.h"
 #include "commands.h"
+#include "device_option.h"
 
 #include <emit.h>
 #include <swap_bench.h>

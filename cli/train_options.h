@@ -1,16 +1,22 @@
 #pragma once
 
-// The options of `stowage train`: one struct for the command and for the benchmarks that
-// run it (`stowage bench train`, `capacity`, `grad-sync --zero`), so that each field is
-// declared once and a benchmark's defaults are the command's own.
+// The options of `stowage train`: one struct, and one list of its flags, for the command
+// that parses them and for the benchmarks that run it (`stowage-bench train`, `capacity`,
+// `grad-sync --zero`, `activation --train-model`), so that each field and each flag is
+// declared once, a benchmark's defaults are the command's own, and the arguments a
+// benchmark writes are the ones the command reads.
 
-#include "train_data.h"
+#include <CLI/CLI.hpp>
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace stowage::cli {
+
+// Where the default corpus comes from: Debian's base-files package installs these
+// licence texts (~260 KiB) on every machine, so training needs no download.
+inline constexpr const char* kDefaultCorpusDir = "/usr/share/common-licenses";
 
 struct TrainOptions {
   std::string corpus = kDefaultCorpusDir;
@@ -48,12 +54,12 @@ struct TrainOptions {
   std::string preempt_grace = "0s";  // 0: no deadline
 };
 
-// --swap-to disk:DIR's directory, or empty for host. Throws InvalidArgument naming the
-// flag for anything else.
-std::string swap_dir(const TrainOptions& options);
+// Adds every flag of `stowage train` to `command`, each bound to its field of `options`,
+// with its check and help.
+void add_train_options(CLI::App& command, TrainOptions& options);
 
-// The checks of flags that depend on each other or on the machine, made once, before
-// any rank starts or anything is created: throws InvalidArgument naming the flags.
-void check_train_options(const TrainOptions& options, int64_t world_size);
+// The arguments (after `train`) from which add_train_options's parser makes `options`: each
+// flag whose field differs from a default TrainOptions's, written from the same list.
+std::vector<std::string> train_arguments(const TrainOptions& options);
 
 }  // namespace stowage::cli

@@ -4,13 +4,14 @@
 // checkpointing), against the largest that trains with stowage (each block checkpointed,
 // AdamW's state swapped to host memory or to disk). Each size is actually trained, for a
 // few steps, by the real command in a child process: a size fits when the run finishes,
-// and does not when it fails with the device's out-of-memory error. The simulator's time
+// and does not when it exits with the status of a device out of memory. The simulator's time
 // is no device's time: only sizes are reported.
-#include "child_process.h"
 #include "cli_numbers.h"
 #include "commands.h"
+#include "program.h"
 #include "train_model.h"
 #include "train_options.h"
+#include "train_run.h"
 
 #include <bench_util.h>
 #include <emit.h>
@@ -25,6 +26,8 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <sys/wait.h>
 
 namespace stowage::cli {
 namespace {
@@ -60,36 +63,33 @@ const char* mode_key(Mode mode) {
   return "";
 }
 
-// Whether `layers` blocks train for o.train.steps steps on a sim device of `capacity` in `mode`.
-// Throws stowage::Error when the run fails for another reason than device memory.
+// Whether `layers` blocks train for o.train.steps steps on a sim device of `capacity` in `mode`:
+// the run ends with its last step, or exits with kOutOfMemoryStatus. Throws stowage::Error
+// when it fails otherwise.
 bool trains(const CapacityBenchOptions& o, Mode mode, int64_t layers, const std::string& capacity,
             const bench::Scratch& scratch) {
-  const std::string run_dir = scratch.sub("run");
-  std::filesystem::remove_all(run_dir);
-  std::vector<std::string> command{executable_path(), "train",     "--device", "sim",          "--corpus",
-                                   o.train.corpus,    "--run-dir", run_dir,    "--ckpt-every", "0"};
-  const std::vector<std::pair<const char*, int64_t>> numbers{
-      {"--steps", o.train.steps}, {"--batch", o.train.batch}, {"--seq-len", o.train.seq_len}, {"--layers", layers},
-      {"--width", o.train.width}, {"--heads", o.train.heads}, {"--log-every", o.train.steps}};
-  for (const auto& [flag, value] : numbers) command.insert(command.end(), {flag, std::to_string(value)});
+  TrainOptions train = o.train;
+  train.device = "sim";
+  train.run_dir = scratch.sub("run");
+  train.ckpt_every = 0;
+  train.layers = layers;
+  train.log_every = train.steps;
   if (mode == Mode::kPlain) {
-    command.insert(command.end(), {"--swap-times", "0", "--recompute-segments", "0"});
+    train.swap_times = 0;
+    train.recompute_segments = 0;
   } else {
-    command.insert(command.end(),
-                   {"--swap-times", std::to_string(o.train.swap_times), "--recompute-segments", std::to_string(layers),
-                    "--swap-to", mode == Mode::kStowageHost ? "host" : "disk:" + scratch.sub("swap")});
+    train.recompute_segments = layers;
+    train.swap_to = mode == Mode::kStowageHost ? "host" : "disk:" + scratch.sub("swap");
     std::filesystem::create_directories(scratch.sub("swap"));
   }
   // In bytes: --capacity takes every size the tool's byte_size() reads ("1GB" too), the
   // simulator's variable only bytes and binary units.
-  const ChildRun run = run_child(command, scratch.sub("train.log"),
+  const TrainRun run = run_train(train, scratch.sub("train.log"),
                                  {{"STOWAGE_SIM_CAPACITY", std::to_string(*parse_byte_size(capacity))}});
-  std::filesystem::remove_all(run_dir);
-  const bool trained = run.output.find(fmt::format("done: steps 1-{} ", o.train.steps)) != std::string::npos;
-  if (run.succeeded() && trained) return true;
-  if (!run.succeeded() && run.output.find("is out of memory") != std::string::npos) return false;
+  if (run.process.succeeded() && run.records.end && run.records.end->last_step == train.steps) return true;
+  if (WIFEXITED(run.process.status) && WEXITSTATUS(run.process.status) == kOutOfMemoryStatus) return false;
   throw Error(fmt::format("bench capacity: `stowage train --layers {}` ({}) on {} failed, not for device memory: {}",
-                          layers, mode_key(mode), capacity, run.output_tail()));
+                          layers, mode_key(mode), capacity, run.process.output_tail()));
 }
 
 // The most blocks that train: doubling from one, then bisection. 0 when one does not.

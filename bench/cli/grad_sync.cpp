@@ -1,10 +1,11 @@
 // `stowage bench grad-sync`: data parallelism's gradient averaging with the all-reduces
 // overlapped with backward, after it, and not at all, on --nproc local ranks; with
 // --zero, the memory per rank and tokens/s of `stowage train` with ZeRO stages 1 and 2
-// (bench_zero.h).
-#include "bench_zero.h"
+// (zero.h).
+#include "zero.h"
 #include "cli_numbers.h"
 #include "commands.h"
+#include "launch_ranks.h"
 
 #include <bench_util.h>
 #include <emit.h>
@@ -40,7 +41,7 @@ bench::GradSyncBenchResult run_ranks(const GradSyncCommand& command) {
   const std::string result_file = scratch + "/result.json";
   const bench::GradSyncBenchConfig& c = command.config;
   const int status = launch_ranks(command.nproc, 0, std::chrono::seconds(10),
-                                  {executable_path(), "bench", "grad-sync", "--as-rank", "--result-file", result_file,
+                                  {executable_path(), "grad-sync", "--as-rank", "--result-file", result_file,
                                    "--blocks", std::to_string(c.blocks), "--width", std::to_string(c.width), "--batch",
                                    std::to_string(c.batch), "--steps", std::to_string(c.steps), "--bucket-cap-mb",
                                    fmt::format("{}", c.bucket_cap_mb), "--threads", std::to_string(c.threads)});

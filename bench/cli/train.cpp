@@ -8,10 +8,10 @@
 // than the steps far from any (issue 24); and stowage's far steps against the steps of
 // the same run without checkpoints, run in the same rounds, and against its steps before
 // the first checkpoint (issue 37: a save must not change the steps after it).
-#include "child_process.h"
 #include "cli_numbers.h"
 #include "commands.h"
 #include "train_options.h"
+#include "train_run.h"
 
 #include <bench_util.h>
 #include <emit.h>
@@ -25,7 +25,6 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <numeric>
 #include <utility>
 
@@ -55,7 +54,7 @@ struct TrainBenchOptions {
 // step's time runs from the end of the step before to the end of its own, so the step
 // after a checkpoint includes the time the save blocked the loop and the wait for its
 // staging (`stowage train`'s step_s, and train_peer.py's step_seconds alike).
-struct TrainRun {
+struct TimedRun {
   double seconds = 0;
   double first_loss = 0;
   double last_loss = 0;
@@ -139,7 +138,7 @@ double median_step_seconds(const std::vector<double>& step_seconds, const std::v
   return bench::median(seconds);
 }
 
-Dip measure_dip(const TrainRun& run, const DipSchedule& schedule, const std::string& side) {
+Dip measure_dip(const TimedRun& run, const DipSchedule& schedule, const std::string& side) {
   const size_t steps = static_cast<size_t>(schedule.checkpoints.back());
   if (run.step_seconds.size() != steps) {
     throw Error(fmt::format("bench train: {} reported the times of {} steps, not of its {}", side,
@@ -162,72 +161,20 @@ Dip measure_dip(const TrainRun& run, const DipSchedule& schedule, const std::str
   return dip;
 }
 
-// Rank 0's step times and commits, and the loop's time and losses (its end record), from
-// `stowage train`'s metrics.jsonl. A checkpoint's line comes before the line of the step
-// in which the loop saw it committed.
-void read_stowage_metrics(const std::string& path, TrainRun& run) {
-  std::ifstream in(path);
-  if (!in) throw Error(fmt::format("bench train: cannot read `stowage train`'s metrics '{}'", path));
-  std::vector<int64_t> committed_since_last_step;
-  nlohmann::json end;
-  std::string line;
-  for (int64_t line_number = 1; std::getline(in, line); ++line_number) {
-    const nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!record.is_object() || !record.contains("event")) {
-      throw Error(fmt::format("bench train: line {} of '{}' is no metrics record: {}", line_number, path, line));
-    }
-    if (record["event"] == "checkpoint") committed_since_last_step.push_back(record.at("step").get<int64_t>());
-    if (record["event"] == "end") end = record;
-    if (record["event"] != "step") continue;
-    const int64_t step = record.at("step").get<int64_t>();
-    if (step != static_cast<int64_t>(run.step_seconds.size()) + 1) {
-      throw Error(fmt::format("bench train: line {} of '{}' is step {}, expected step {}", line_number, path, step,
-                              run.step_seconds.size() + 1));
-    }
-    run.step_seconds.push_back(record.at("step_s").get<double>());
-    for (const int64_t checkpoint : committed_since_last_step) run.commits_seen.emplace_back(checkpoint, step);
-    committed_since_last_step.clear();
-  }
-  if (!end.is_object()) throw Error(fmt::format("bench train: '{}' has no end record: the run did not finish", path));
-  run.seconds = end.at("seconds").get<double>();
-  run.first_loss = end.at("first_loss").get<double>();
-  run.last_loss = end.at("last_loss").get<double>();
-}
-
-// The command line of `stowage train` for the run `t`, into `run_dir`.
-std::vector<std::string> stowage_train_command(const TrainOptions& t, const std::string& run_dir) {
-  std::vector<std::string> command{executable_path(), "train", "--corpus", t.corpus,
-                                   "--run-dir",       run_dir, "--lr",     fmt::format("{}", t.lr)};
-  const std::vector<std::pair<const char*, std::string>> options{
-      {"--swap-times", std::to_string(t.swap_times)},
-      {"--steps", std::to_string(t.steps)},
-      {"--batch", std::to_string(t.batch)},
-      {"--seq-len", std::to_string(t.seq_len)},
-      {"--layers", std::to_string(t.layers)},
-      {"--width", std::to_string(t.width)},
-      {"--heads", std::to_string(t.heads)},
-      {"--seed", std::to_string(t.seed)},
-      {"--threads", std::to_string(t.threads)},
-      {"--recompute-segments", std::to_string(t.recompute_segments)},
-      {"--ckpt-every", std::to_string(t.ckpt_every)},
-      {"--keep", std::to_string(t.keep)},
-      {"--log-every", std::to_string(t.steps)},  // one progress line: the last step's
-      {"--nproc", std::to_string(t.nproc)}};
-  for (const auto& [flag, value] : options) command.insert(command.end(), {flag, value});
-  return command;
-}
-
 // `stowage train` itself, plain AdamW (--swap-times 0) as the PyTorch script's, in a new
-// run directory. Its time is its end record's: the loop, without the process's start-up
-// and the model's construction.
-TrainRun run_stowage_train(const TrainOptions& train, const bench::Scratch& scratch) {
-  const std::string run_dir = scratch.sub("stowage-run");
-  std::filesystem::remove_all(run_dir);
-  run_child_or_throw(stowage_train_command(train, run_dir), scratch.sub("stowage-train.log"),
-                     "bench train: `stowage train`");
-  TrainRun run;
-  read_stowage_metrics(run_dir + "/metrics.jsonl", run);
-  std::filesystem::remove_all(run_dir);
+// run directory, with one progress line (the last step's). Its time is its end record's:
+// the loop, without the process's start-up and the model's construction.
+TimedRun run_stowage_train(TrainOptions train, const bench::Scratch& scratch) {
+  train.run_dir = scratch.sub("stowage-run");
+  train.log_every = train.steps;
+  const TrainRecords records =
+      run_train_or_throw(train, scratch.sub("stowage-train.log"), "bench train: `stowage train`");
+  TimedRun run;
+  for (const train::StepRecord& step : records.steps) run.step_seconds.push_back(step.step_s);
+  run.commits_seen = records.commits_seen;
+  run.seconds = records.end->seconds;
+  run.first_loss = records.end->first_loss;
+  run.last_loss = records.end->last_loss;
   if (static_cast<int64_t>(run.step_seconds.size()) != train.steps) {
     throw Error(fmt::format("bench train: `stowage train` reported {} steps, not its {}", run.step_seconds.size(),
                             train.steps));
@@ -239,7 +186,7 @@ TrainRun run_stowage_train(const TrainOptions& train, const bench::Scratch& scra
   return run;
 }
 
-TrainRun run_pytorch_train(const TrainBenchOptions& o, const bench::Scratch& scratch, bench::PythonPeer& peer) {
+TimedRun run_pytorch_train(const TrainBenchOptions& o, const bench::Scratch& scratch, bench::PythonPeer& peer) {
   const std::string run_dir = scratch.sub("pytorch-run");
   std::filesystem::remove_all(run_dir);
   const nlohmann::json answer = peer.request({{"op", "train"},
@@ -264,7 +211,7 @@ TrainRun run_pytorch_train(const TrainBenchOptions& o, const bench::Scratch& scr
     }
   }
   std::filesystem::remove_all(run_dir);
-  TrainRun run;
+  TimedRun run;
   run.seconds = answer.at("seconds").get<double>();
   run.first_loss = answer.at("first_loss").get<double>();
   run.last_loss = answer.at("last_loss").get<double>();
@@ -275,15 +222,15 @@ TrainRun run_pytorch_train(const TrainBenchOptions& o, const bench::Scratch& scr
   return run;
 }
 
-std::vector<double> seconds_of_each(const std::vector<TrainRun>& runs) {
+std::vector<double> seconds_of_each(const std::vector<TimedRun>& runs) {
   std::vector<double> seconds;
   seconds.reserve(runs.size());
-  for (const TrainRun& run : runs) seconds.push_back(run.seconds);
+  for (const TimedRun& run : runs) seconds.push_back(run.seconds);
   return seconds;
 }
 
 // The medians of the rounds' figures, as "<prefix>tokens_per_s" and the like.
-void add_runs(nlohmann::json& out, const std::string& prefix, const std::vector<TrainRun>& runs, int64_t tokens) {
+void add_runs(nlohmann::json& out, const std::string& prefix, const std::vector<TimedRun>& runs, int64_t tokens) {
   const double median_s = bench::median(seconds_of_each(runs));
   out[prefix + "seconds"] = median_s;
   out[prefix + "tokens_per_s"] = static_cast<double>(tokens) / median_s;
@@ -293,11 +240,11 @@ void add_runs(nlohmann::json& out, const std::string& prefix, const std::vector<
 
 // The medians of the rounds' dips, as "<prefix>dip_mean" and the like, with each
 // round's mean; the commit lag is the rounds' largest.
-void add_dips(nlohmann::json& out, const std::string& prefix, const std::vector<TrainRun>& runs,
+void add_dips(nlohmann::json& out, const std::string& prefix, const std::vector<TimedRun>& runs,
               const DipSchedule& schedule, const std::string& side) {
   std::vector<double> means, worsts, baselines;
   int64_t commit_lag_steps = 0;
-  for (const TrainRun& run : runs) {
+  for (const TimedRun& run : runs) {
     const Dip dip = measure_dip(run, schedule, side);
     means.push_back(dip.mean);
     worsts.push_back(dip.worst);
@@ -314,7 +261,7 @@ void add_dips(nlohmann::json& out, const std::string& prefix, const std::vector<
 // The dip's schedule and definition, each side's dips, and whether stowage's meets the
 // issue's goal: a mean of at most 2%, and (with the peer) below PyTorch's.
 void add_dip_figures(nlohmann::json& out, const TrainBenchOptions& o, const DipSchedule& schedule,
-                     const std::vector<TrainRun>& stowage_runs, const std::vector<TrainRun>& pytorch_runs) {
+                     const std::vector<TimedRun>& stowage_runs, const std::vector<TimedRun>& pytorch_runs) {
   constexpr double kDipGoal = 0.02;
   out["dip_window"] = o.dip_window;
   out["dip_warmup_steps"] = kDipWarmupSteps;
@@ -339,10 +286,10 @@ void add_dip_figures(nlohmann::json& out, const TrainBenchOptions& o, const DipS
 }
 
 // The median of the times of `steps` in each of `runs`.
-std::vector<double> median_step_of_each(const std::vector<TrainRun>& runs, const std::vector<int64_t>& steps) {
+std::vector<double> median_step_of_each(const std::vector<TimedRun>& runs, const std::vector<int64_t>& steps) {
   std::vector<double> medians;
   medians.reserve(runs.size());
-  for (const TrainRun& run : runs) medians.push_back(median_step_seconds(run.step_seconds, steps));
+  for (const TimedRun& run : runs) medians.push_back(median_step_seconds(run.step_seconds, steps));
   return medians;
 }
 
@@ -359,8 +306,8 @@ std::vector<double> ratio_of_each_round(const std::vector<double>& a, const std:
 // baseline, add_dip_figures) against the median step of the same run without checkpoints
 // (the median of each round's ratio), and the far steps before the first checkpoint
 // against those after it; medians of the rounds.
-void add_steady_figures(nlohmann::json& out, const DipSchedule& schedule, const std::vector<TrainRun>& stowage_runs,
-                        const std::vector<TrainRun>& unsaved_runs) {
+void add_steady_figures(nlohmann::json& out, const DipSchedule& schedule, const std::vector<TimedRun>& stowage_runs,
+                        const std::vector<TimedRun>& unsaved_runs) {
   constexpr double kSteadyLimit = 1.02;
   std::vector<int64_t> all_past_warmup(static_cast<size_t>(schedule.checkpoints.back() - kDipWarmupSteps));
   std::iota(all_past_warmup.begin(), all_past_warmup.end(), kDipWarmupSteps + 1);
@@ -386,7 +333,7 @@ nlohmann::json run_train_bench(const TrainBenchOptions& o) {
   const bench::Scratch scratch(o.dir, "train");
   std::unique_ptr<bench::PythonPeer> peer;
   if (o.peer) peer = std::make_unique<bench::PythonPeer>("train_peer.py", std::vector<std::string>{});
-  std::vector<TrainRun> stowage_runs, unsaved_runs, pytorch_runs;
+  std::vector<TimedRun> stowage_runs, unsaved_runs, pytorch_runs;
   std::vector<std::function<void()>> turns{[&] { stowage_runs.push_back(run_stowage_train(o.train, scratch)); }};
   if (!schedule.checkpoints.empty() && schedule.unmeasured.empty()) {
     TrainOptions unsaved = o.train;  // the same run without checkpoints: the steady step

@@ -1,8 +1,7 @@
-#include "bench_zero.h"
+#include "zero.h"
 
-#include "child_process.h"
-#include "commands.h"
 #include "train_model.h"
+#include "train_run.h"
 
 #include <bench_util.h>
 #include <emit.h>
@@ -14,8 +13,6 @@
 
 #include <algorithm>
 #include <array>
-#include <filesystem>
-#include <fstream>
 #include <utility>
 #include <vector>
 
@@ -34,41 +31,21 @@ constexpr std::array<ZeroMode, 3> kZeroModes = {
 
 // One `stowage train` run of `mode`: its figures, tokens/s the median of its timed steps.
 ZeroBenchRow run_zero_mode(const ZeroBenchOptions& o, const ZeroMode& mode, const bench::Scratch& scratch) {
-  const std::string run_dir = scratch.sub(mode.name);
-  std::filesystem::remove_all(run_dir);
-  const std::vector<std::pair<std::string, std::string>> options = {
-      {"--run-dir", run_dir},
-      {"--device", o.train.device},
-      {"--nproc", std::to_string(o.train.nproc)},
-      {"--steps", std::to_string(o.train.steps)},
-      {"--width", std::to_string(o.train.width)},
-      {"--layers", std::to_string(o.train.layers)},
-      {"--swap-times", std::to_string(o.train.swap_times)},
-      {"--threads", std::to_string(o.train.threads)},
-      {"--zero-stage", std::to_string(mode.zero_stage)},
-      {"--gradient-as-bucket-view", mode.views ? "true" : "false"},
-      {"--ckpt-every", "0"},
-      {"--log-every", "1000000"}};
-  std::vector<std::string> args = {executable_path(), "train"};
-  for (const auto& [flag, value] : options) {
-    args.push_back(flag);
-    args.push_back(value);
-  }
-  run_child_or_throw(args, scratch.sub(std::string(mode.name) + ".log"),
-                     fmt::format("bench grad-sync --zero: `stowage train` ({})", mode.name));
+  TrainOptions train = o.train;
+  train.run_dir = scratch.sub(mode.name);
+  train.zero_stage = mode.zero_stage;
+  train.gradient_as_bucket_view = mode.views;
+  const TrainRecords records = run_train_or_throw(train, scratch.sub(std::string(mode.name) + ".log"),
+                                                  fmt::format("bench grad-sync --zero: `stowage train` ({})", mode.name));
   ZeroBenchRow row;
   row.mode = mode.name;
   std::vector<double> tokens_per_s;
-  std::ifstream in(run_dir + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!record.is_object() || record.value("event", "") != "step") continue;
-    row.gradient_bytes = record.at("gradient_bytes").get<int64_t>();
-    row.optimizer_bytes = record.at("optimizer_resident_bytes").get<int64_t>();
-    row.peak_step_bytes = std::max(row.peak_step_bytes, record.at("peak_step_bytes").get<int64_t>());
-    if (record.at("step").get<int64_t>() > kZeroWarmupSteps) tokens_per_s.push_back(record.at("tokens_per_s"));
+  for (const train::StepRecord& step : records.steps) {
+    row.gradient_bytes = step.gradient_bytes;
+    row.optimizer_bytes = step.optimizer_resident_bytes;
+    row.peak_step_bytes = std::max(row.peak_step_bytes, step.peak_step_bytes);
+    if (step.step > kZeroWarmupSteps) tokens_per_s.push_back(step.tokens_per_s);
   }
-  std::filesystem::remove_all(run_dir);
   if (tokens_per_s.empty()) {
     throw Error(fmt::format("bench grad-sync --zero: `stowage train` ({}) logged no step after the first {}", mode.name,
                             kZeroWarmupSteps));
@@ -94,6 +71,8 @@ TrainOptions zero_bench_run() {
   run.threads = 1;
   run.swap_times = 0;
   run.steps = 12;
+  run.ckpt_every = 0;
+  run.log_every = 1000000;  // no progress lines: the figures are the metrics'
   return run;
 }
 

@@ -1,4 +1,4 @@
-#include "train_options.h"
+#include "train_checks.h"
 
 #include <stowage/error.h>
 

@@ -8,7 +8,6 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
-#include <utility>
 
 #include <fcntl.h>
 #include <spawn.h>
@@ -61,12 +60,6 @@ ChildRun run_child(const std::vector<std::string>& args, const std::string& log,
   output << in.rdbuf();
   run.output = output.str();
   return run;
-}
-
-std::string run_child_or_throw(const std::vector<std::string>& args, const std::string& log, const std::string& what) {
-  ChildRun run = run_child(args, log);
-  if (!run.succeeded()) throw Error(fmt::format("{} failed (status {}): {}", what, run.status, run.output_tail()));
-  return std::move(run.output);
 }
 
 }  // namespace stowage::cli

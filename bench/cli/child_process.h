@@ -1,7 +1,7 @@
 #pragma once
 
-// Running this tool again as a child process, for the benchmarks that measure the real
-// command (`stowage train`) from outside.
+// A program run as a child process, its output into a file: the benchmarks that measure
+// the real `stowage train` from outside (train_run.h).
 
 #include <map>
 #include <string>
@@ -22,9 +22,5 @@ struct ChildRun {
 // same name), and waits for it. Throws stowage::Error when it cannot be started.
 ChildRun run_child(const std::vector<std::string>& args, const std::string& log,
                    const std::map<std::string, std::string>& environment = {});
-
-// run_child, for a run that must succeed: returns its output, or throws stowage::Error
-// "<what> failed (status N): <output_tail()>".
-std::string run_child_or_throw(const std::vector<std::string>& args, const std::string& log, const std::string& what);
 
 }  // namespace stowage::cli

@@ -1,7 +1,8 @@
 #include "cli_numbers.h"
 #include "commands.h"
+#include "device_option.h"
 
-#include "bench_activation_train.h"
+#include "activation_train.h"
 
 #include "activation_bench.h"
 #include "emit.h"

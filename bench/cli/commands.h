@@ -1,0 +1,19 @@
+#pragma once
+
+// The subcommands of stowage-bench (also run as `stowage bench`), each in its own file.
+
+#include <CLI/CLI.hpp>
+
+namespace stowage::cli {
+
+// Without a subcommand: every benchmark, one table of their targets, and the report.
+void add_run_all(CLI::App& bench);
+void add_bench_activation(CLI::App& bench);
+void add_bench_swap(CLI::App& bench);
+void add_bench_dcp(CLI::App& bench);
+void add_bench_grad_sync(CLI::App& bench);
+void add_bench_interop(CLI::App& bench);
+void add_bench_train(CLI::App& bench);
+void add_bench_capacity(CLI::App& bench);
+
+}  // namespace stowage::cli
