@@ -10,9 +10,9 @@
 namespace stowage::cli {
 namespace {
 
-using Field = std::variant<std::string TrainOptions::*, int64_t TrainOptions::*, int TrainOptions::*,
-                           uint64_t TrainOptions::*, double TrainOptions::*, bool TrainOptions::*,
-                           std::vector<std::string> TrainOptions::*>;
+using Field =
+    std::variant<std::string TrainOptions::*, int64_t TrainOptions::*, int TrainOptions::*, uint64_t TrainOptions::*,
+                 double TrainOptions::*, bool TrainOptions::*, std::vector<std::string> TrainOptions::*>;
 
 // One flag of `stowage train`. A switch is a bool field that the flag alone sets (its
 // default is false); every other flag takes a value.
@@ -44,7 +44,8 @@ const std::vector<TrainFlag>& train_flags() {
        "activation checkpointing of one part of each block only: its attention core (scores, softmax, weighted "
        "values) or its MLP; with --recompute-segments 0",
        CLI::IsMember({"attention-core", "mlp"})},
-      {"--offload-checkpoint-inputs", &TrainOptions::offload_checkpoint_inputs,
+      {"--offload-checkpoint-inputs",
+       &TrainOptions::offload_checkpoint_inputs,
        "activation checkpointing: keep the inputs of the checkpoints in pinned host memory until backward (on a "
        "device; nothing on the CPU)",
        {},
@@ -54,9 +55,10 @@ const std::vector<TrainFlag>& train_flags() {
        "recomputed, recomputed whole, or with their inputs offloaded, so that a step's activation peak fits SIZE "
        "(e.g. 24MiB) with the least recomputation",
        byte_size()},
-      {"--swap-times", &TrainOptions::swap_times, "optimizer-state swap batches (0: plain AdamW with its state resident)",
-       non_negative_integer<int64_t>()},
-      {"--swap-to", &TrainOptions::swap_to,
+      {"--swap-times", &TrainOptions::swap_times,
+       "optimizer-state swap batches (0: plain AdamW with its state resident)", non_negative_integer<int64_t>()},
+      {"--swap-to",
+       &TrainOptions::swap_to,
        "where swapped optimizer states live between steps: host, or disk:DIR (scratch files in DIR, read and written "
        "one batch ahead)",
        {}},
@@ -68,7 +70,8 @@ const std::vector<TrainFlag>& train_flags() {
        non_negative_integer<int64_t>()},
       {"--keep", &TrainOptions::keep, "committed checkpoints to keep", positive_integer<int64_t>()},
       {"--resume", &TrainOptions::resume, "continue from the run directory's latest committed checkpoint", {}, true},
-      {"--resume-from", &TrainOptions::resume_from,
+      {"--resume-from",
+       &TrainOptions::resume_from,
        "start from another checkpoint: one stowage train wrote gives model, optimizer and step; any other (stowage's "
        "or PyTorch DCP's) the model's weights, with a fresh optimizer at step 0",
        {}},
@@ -86,11 +89,13 @@ const std::vector<TrainFlag>& train_flags() {
        "with several ranks: 1 shards the optimizer state over them, 2 the gradients too (each rank keeps only those "
        "of its own parameters); stage 3 (parameters) is not supported",
        integer_in<int64_t>(1, 2)},
-      {"--gradient-as-bucket-view", &TrainOptions::gradient_as_bucket_view,
+      {"--gradient-as-bucket-view",
+       &TrainOptions::gradient_as_bucket_view,
        "with several ranks: the gradients are views of the reducer's buckets (true), or the buckets a second copy of "
        "them (false: more memory and copies, as PyTorch DDP's default)",
        {}},
-      {"--device", &TrainOptions::device,
+      {"--device",
+       &TrainOptions::device,
        "where the model trains: cpu, sim or sim:N (the simulated device, with LibTorch 2.x), cuda:N, or cuda (each "
        "rank on cuda:LOCAL_RANK)",
        {}},
@@ -109,7 +114,8 @@ const std::vector<TrainFlag>& train_flags() {
        "after a preempting signal, exit this long later even if the checkpoint is not committed (e.g. 30s; 0: no "
        "deadline)",
        duration()},
-      {"--allow-config-change", &TrainOptions::allow_config_change,
+      {"--allow-config-change",
+       &TrainOptions::allow_config_change,
        "--resume a run with another --corpus, --batch, --seq-len, --layers, --width, --heads or --seed than it was "
        "started with (refused otherwise)",
        {},

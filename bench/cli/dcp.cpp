@@ -35,8 +35,8 @@ double distributed_save_gbps(const bench::DcpBenchOptions& options, int nproc) {
   const std::string result_file = scratch + "/result";
   const int status =
       launch_ranks(nproc, 0, std::chrono::seconds(10),
-                   {executable_path(), "dcp", "--as-rank", "--size-mib", std::to_string(options.size_mib),
-                    "--dir", scratch + "/checkpoint", "--result-file", result_file});
+                   {executable_path(), "dcp", "--as-rank", "--size-mib", std::to_string(options.size_mib), "--dir",
+                    scratch + "/checkpoint", "--result-file", result_file});
   std::ifstream in(result_file);
   double gbps = 0;
   const bool read = static_cast<bool>(in >> gbps);

@@ -40,11 +40,11 @@ bench::GradSyncBenchResult run_ranks(const GradSyncCommand& command) {
   if (mkdtemp(scratch.data()) == nullptr) throw Error("bench grad-sync: cannot create a scratch directory");
   const std::string result_file = scratch + "/result.json";
   const bench::GradSyncBenchConfig& c = command.config;
-  const int status = launch_ranks(command.nproc, 0, std::chrono::seconds(10),
-                                  {executable_path(), "grad-sync", "--as-rank", "--result-file", result_file,
-                                   "--blocks", std::to_string(c.blocks), "--width", std::to_string(c.width), "--batch",
-                                   std::to_string(c.batch), "--steps", std::to_string(c.steps), "--bucket-cap-mb",
-                                   fmt::format("{}", c.bucket_cap_mb), "--threads", std::to_string(c.threads)});
+  const int status = launch_ranks(
+      command.nproc, 0, std::chrono::seconds(10),
+      {executable_path(), "grad-sync", "--as-rank", "--result-file", result_file, "--blocks", std::to_string(c.blocks),
+       "--width", std::to_string(c.width), "--batch", std::to_string(c.batch), "--steps", std::to_string(c.steps),
+       "--bucket-cap-mb", fmt::format("{}", c.bucket_cap_mb), "--threads", std::to_string(c.threads)});
   std::ifstream in(result_file);
   const nlohmann::json result = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   std::error_code ignored;

@@ -273,17 +273,17 @@ void add_run_all(CLI::App& bench) {
   auto options = std::make_shared<RunAllOptions>();
   bench.add_flag("--json", options->json, "with no benchmark named: print every figure as JSON");
   bench.add_flag("--peer", options->peer,
-                  "with no benchmark named: also measure PyTorch's own tools (Python peers; needs the torch wheel)");
+                 "with no benchmark named: also measure PyTorch's own tools (Python peers; needs the torch wheel)");
   bench.add_flag("--quick", options->quick, "with no benchmark named: small sizes, to try the table or the report");
   bench
       .add_option("--report", options->report_dir,
-                   "with no benchmark named: also write DIR/index.html (charts of every figure beside its peer and "
-                   "limit, memory over a training step) and DIR/report.json")
+                  "with no benchmark named: also write DIR/index.html (charts of every figure beside its peer and "
+                  "limit, memory over a training step) and DIR/report.json")
       ->option_text("DIR");
   bench
       .add_option("--from", options->from,
-                   "with --report: instead of running, draw the report of a saved run (the JSON `stowage bench "
-                   "--json` printed, or a report.json)")
+                  "with --report: instead of running, draw the report of a saved run (the JSON `stowage bench "
+                  "--json` printed, or a report.json)")
       ->option_text("FILE");
   bench.callback([&bench, options] {
     if (!bench.get_subcommands().empty()) return;

@@ -35,8 +35,9 @@ ZeroBenchRow run_zero_mode(const ZeroBenchOptions& o, const ZeroMode& mode, cons
   train.run_dir = scratch.sub(mode.name);
   train.zero_stage = mode.zero_stage;
   train.gradient_as_bucket_view = mode.views;
-  const TrainRecords records = run_train_or_throw(train, scratch.sub(std::string(mode.name) + ".log"),
-                                                  fmt::format("bench grad-sync --zero: `stowage train` ({})", mode.name));
+  const TrainRecords records =
+      run_train_or_throw(train, scratch.sub(std::string(mode.name) + ".log"),
+                         fmt::format("bench grad-sync --zero: `stowage train` ({})", mode.name));
   ZeroBenchRow row;
   row.mode = mode.name;
   std::vector<double> tokens_per_s;

@@ -27,17 +27,17 @@ void MetricsFile::record(const std::string& json_object) {
 
 void MetricsFile::step(const StepRecord& r) {
   record(nlohmann::json{{"event", "step"},
-                       {"step", r.step},
-                       {"loss", r.loss},
-                       {"tokens_per_s", r.tokens_per_s},
-                       {"step_s", r.step_s},
-                       {"peak_activation_bytes", r.peak_activation_bytes},
-                       {"peak_step_bytes", r.peak_step_bytes},
-                       {"optimizer_resident_bytes", r.optimizer_resident_bytes},
-                       {"gradient_bytes", r.gradient_bytes},
-                       {"checkpoint_host_bytes", r.checkpoint_host_bytes},
-                       {"optimizer_host_bytes", r.optimizer_host_bytes}}
-            .dump());
+                        {"step", r.step},
+                        {"loss", r.loss},
+                        {"tokens_per_s", r.tokens_per_s},
+                        {"step_s", r.step_s},
+                        {"peak_activation_bytes", r.peak_activation_bytes},
+                        {"peak_step_bytes", r.peak_step_bytes},
+                        {"optimizer_resident_bytes", r.optimizer_resident_bytes},
+                        {"gradient_bytes", r.gradient_bytes},
+                        {"checkpoint_host_bytes", r.checkpoint_host_bytes},
+                        {"optimizer_host_bytes", r.optimizer_host_bytes}}
+             .dump());
 }
 
 void MetricsFile::checkpoint(const dcp::SaveReport& r) {
@@ -47,27 +47,27 @@ void MetricsFile::checkpoint(const dcp::SaveReport& r) {
     return;
   }
   record(nlohmann::json{{"event", "checkpoint"},
-                       {"step", r.step},
-                       {"staged_ms", r.blocked_s * 1e3},
-                       {"committed_gbps", committed_gbps(r)},
-                       {"bytes", r.bytes},
-                       {"path", r.path}}
-            .dump());
+                        {"step", r.step},
+                        {"staged_ms", r.blocked_s * 1e3},
+                        {"committed_gbps", committed_gbps(r)},
+                        {"bytes", r.bytes},
+                        {"path", r.path}}
+             .dump());
 }
 
 void MetricsFile::end(const RunSummary& s) {
   record(nlohmann::json{{"event", "end"},
-                       {"first_step", s.first_step},
-                       {"last_step", s.last_step},
-                       {"seconds", s.seconds},
-                       {"first_loss", s.first_loss},
-                       {"last_loss", s.last_loss},
-                       {"peak_activation_bytes", s.peak_activation_bytes},
-                       {"peak_step_bytes", s.peak_step_bytes},
-                       {"optimizer_resident_bytes", s.optimizer_resident_bytes},
-                       {"gradient_bytes", s.gradient_bytes},
-                       {"exit_status", s.exit_status}}
-            .dump());
+                        {"first_step", s.first_step},
+                        {"last_step", s.last_step},
+                        {"seconds", s.seconds},
+                        {"first_loss", s.first_loss},
+                        {"last_loss", s.last_loss},
+                        {"peak_activation_bytes", s.peak_activation_bytes},
+                        {"peak_step_bytes", s.peak_step_bytes},
+                        {"optimizer_resident_bytes", s.optimizer_resident_bytes},
+                        {"gradient_bytes", s.gradient_bytes},
+                        {"exit_status", s.exit_status}}
+             .dump());
 }
 
 void MetricsFile::message(const std::string& text) {

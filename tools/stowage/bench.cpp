@@ -37,7 +37,7 @@ namespace {
 void add_bench_command(CLI::App& app) {
   CLI::App* bench = app.add_subcommand(
       "bench", "Run one benchmark, or all of them (one table) without a name: `stowage bench --help` lists them");
-  bench->set_help_flag();  // --help too is stowage-bench's
+  bench->set_help_flag();   // --help too is stowage-bench's
   bench->prefix_command();  // every argument is stowage-bench's
   bench->callback([bench] { run_bench_program(bench->remaining()); });
 }

@@ -27,7 +27,7 @@ activation::CheckpointOptions checkpoint_options(const TrainOptions& options) {
 // Picks which blocks to checkpoint for --activation-budget, measuring a step as the
 // Trainer does at its first one: the gradients are made in backward.
 ActivationCheckpointing fit_activation_budget(LanguageModel& model, const TrainOptions& options, const Corpus& corpus,
-                                  c10::Device device, int64_t ranks) {
+                                              c10::Device device, int64_t ranks) {
   const int64_t budget = *parse_byte_size(options.activation_budget);  // the option's validator parsed it
   auto generator = at::make_generator<at::CPUGeneratorImpl>(options.seed + 2);
   const auto batch = corpus.sample(options.batch / ranks, options.seq_len, generator);
@@ -121,7 +121,8 @@ std::string describe_run(const TrainOptions& options, LanguageModel& model, cons
   return fmt::format(
       "training a {}-layer byte-level transformer ({:.2f}M parameters) on '{}' ({} bytes); activation "
       "checkpointing: {}; optimizer: {}; checkpoints: {}{}{}",
-      options.layers, parameters / 1e6, corpus.source(), corpus.size(), activation_checkpointing.describe(), optimizer_text,
+      options.layers, parameters / 1e6, corpus.source(), corpus.size(), activation_checkpointing.describe(),
+      optimizer_text,
       options.ckpt_every > 0 ? fmt::format("every {} steps into {}/checkpoints, keeping {}", options.ckpt_every,
                                            options.run_dir, options.keep)
                              : "off",
