@@ -14,6 +14,13 @@ header it is; a name that climbs out of src/ and include/ breaks the rules, and 
 an include the check cannot read (a macro), a file in a folder without a rule, and every
 spelling of the directive (continued lines, #include_next, #import).
 
+The programs follow rules of their own: the tool (tools/) may include its own headers,
+cli/ (what the two programs share) and stowage's public headers, never bench/; cli/ only
+itself and the public headers; the benchmarks (bench/) bench/lib, cli/ (bench/cli only) and
+the public headers, never tools/; and none of them a private header of src/, but for the
+files of PRIVATE_PENDING. Their includes are found as their compilers find them: a quoted
+name next to the including file first, then under PROGRAM_ROOTS.
+
 The tests follow one rule of their own: a test signals a process only through
 tests/cli/child_signal.h, which refuses a pid that names a group or every process and any
 process the test did not start, so a raw kill(2) (killpg, tgkill, sigqueue) anywhere else
@@ -59,6 +66,20 @@ MODULES = {"util", "memory", "state", "dist", "activation", "sim", "dcp", "inter
 FORWARDERS = {"include/stowage/dcp/torch_dcp_reader.h", "include/stowage/dcp/safetensors.h"}
 SOURCE_SUFFIXES = {".h", ".hh", ".hpp", ".hxx", ".inc", ".inl", ".ipp", ".tpp", ".c", ".cc", ".cpp", ".cxx", ".cu",
                    ".cuh"}
+# What each program folder may include besides stowage's public headers (docs/ARCHITECTURE.md):
+# the tool, what the programs share (cli/), the benchmarks' program, their library, and the
+# thin executables of one benchmark each (bench/<name>.cpp).
+PROGRAM_RULES = {
+    "tools": {"tools", "cli"},
+    "cli": {"cli"},
+    "bench/cli": {"bench/cli", "bench/lib", "cli"},
+    "bench/lib": {"bench/lib"},
+    "bench": {"bench/lib"},
+}
+# The programs' include directories, as their targets name them after a quoted name's own folder.
+PROGRAM_ROOTS = ("include", "cli", "bench/lib", "bench/cli", "tools/stowage", "src")
+# Program files that still include a private header of src/ (another item of issue 39 ends it).
+PRIVATE_PENDING = {"bench/lib/swap_disk_bench.cpp"}
 # The one file of tests/ that may call kill(2).
 SIGNAL_HELPER = "tests/cli/child_signal.h"
 RAW_SIGNAL = re.compile(r"(?<![\w.>])(?:::\s*)?(kill|killpg|tgkill|tkill|sigqueue)\s*\(")
@@ -119,23 +140,29 @@ def relative_parts(repo, path):
         return None
 
 
-def target_of(repo, file, name, quoted):
-    """(layer, where) of what `file` includes as `name`: where is the repo-relative path
-    it resolves to, or None for a name judged by itself."""
-    folders = ([str(file.parent)] if quoted else []) + [str(repo / root) for root in INCLUDE_ROOTS]
+def find_include(repo, file, name, quoted, roots, layer_of):
+    """(layer, where) of what `file` includes as `name`, found as a compiler with the include
+    directories `roots` finds it: where is the repo-relative path it resolves to, and
+    layer_of its parts' layer; (None, None) for a name that is not in the tree."""
+    folders = ([str(file.parent)] if quoted else []) + [str(repo / root) for root in roots]
     for folder in folders:
         candidate = os.path.normpath(os.path.join(folder, name))
         if os.path.isfile(candidate):
             parts = relative_parts(repo, candidate)
-            if parts is None:
-                return OUTSIDE, candidate
-            return layer_of_path(parts), "/".join(parts)
+            return (OUTSIDE, candidate) if parts is None else (layer_of(parts), "/".join(parts))
     # Not in the tree: a climbing or absolute name is judged by where it points.
     if os.path.isabs(name) or ".." in name.split("/"):
         candidate = os.path.normpath(os.path.join(folders[0], name))
         parts = relative_parts(repo, candidate)
-        return (OUTSIDE, candidate) if parts is None else (layer_of_path(parts), "/".join(parts))
-    return layer_of_name(name, quoted), None
+        return (OUTSIDE, candidate) if parts is None else (layer_of(parts), "/".join(parts))
+    return None, None
+
+
+def target_of(repo, file, name, quoted):
+    """(layer, where) of what `file` includes as `name`: where is the repo-relative path
+    it resolves to, or None for a name judged by itself."""
+    target, where = find_include(repo, file, name, quoted, INCLUDE_ROOTS, layer_of_path)
+    return (target, where) if where is not None else (layer_of_name(name, quoted), None)
 
 
 def directives(text):
@@ -154,19 +181,25 @@ def directives(text):
             yield start + 1, match.group(1), match.group(2)
 
 
+def named_includes(relative, text, problems):
+    """(where, name, quoted) of each include of `text`, the file at `relative`; one the check
+    cannot read (a macro) is added to `problems` instead."""
+    for number, directive, argument in directives(text):
+        where = f"{relative}:{number}"
+        spelled = re.match(r'([<"])([^>"]+)[>"]', argument)
+        if spelled:
+            yield where, spelled.group(2), spelled.group(1) == '"'
+        else:
+            problems.append(f"{where}: #{directive} {argument.strip()}: an include the check cannot read")
+
+
 def include_problems(repo, file, relative, layer):
     """Each include of `file` (of `layer`) that breaks a rule, as a line to print."""
     allowed = RULES[layer] | {layer, "top"}
     public = relative.parts[0] == "include"
     problems = []
-    for number, directive, argument in directives(file.read_text(errors="replace")):
-        where = f"{relative}:{number}"
-        spelled = re.match(r'([<"])([^>"]+)[>"]', argument)
-        if not spelled:
-            problems.append(f"{where}: #{directive} {argument.strip()}: an include the check cannot read")
-            continue
-        name = spelled.group(2)
-        target, resolved = target_of(repo, file, name, spelled.group(1) == '"')
+    for where, name, quoted in named_includes(relative, file.read_text(errors="replace"), problems):
+        target, resolved = target_of(repo, file, name, quoted)
         shown = name if resolved is None or resolved == name else f"{name} = {resolved}"
         if target == OUTSIDE:
             problems.append(f"{where}: {layer} may not include {shown} (outside src/ and include/)")
@@ -178,6 +211,57 @@ def include_problems(repo, file, relative, layer):
             continue
         else:
             problems.append(f"{where}: {layer} may not include {shown} ({target})")
+    return problems
+
+
+def program_layer(parts):
+    """The program folder of a file at repo-relative `parts` (a key of PROGRAM_RULES),
+    "public" (include/), "private" (src/), or OUTSIDE."""
+    if not parts:
+        return OUTSIDE
+    if parts[0] in ("tools", "cli"):
+        return parts[0]
+    if parts[0] == "bench":
+        if len(parts) == 2:
+            return "bench"
+        return "bench/" + parts[1] if parts[1] in ("cli", "lib") else OUTSIDE
+    return {"include": "public", "src": "private"}.get(parts[0], OUTSIDE)
+
+
+def program_target(repo, file, name, quoted):
+    """(layer, where) of what a program's `file` includes as `name`, found as its compiler
+    finds it; (None, None) for a header that is not the project's (the system's, LibTorch's)."""
+    target, where = find_include(repo, file, name, quoted, PROGRAM_ROOTS, program_layer)
+    if where is None and not quoted and name.split("/")[0] == "stowage":
+        return "public", None  # generated: <stowage/version.h>
+    return target, where
+
+
+def program_files(repo):
+    """The source files of the programs' folders."""
+    return [file for folder in ("tools", "cli", "bench") for file in sorted((repo / folder).rglob("*"))
+            if file.is_file() and file.suffix in SOURCE_SUFFIXES]
+
+
+def program_problems(repo):
+    """Each include of a program file (tools/, cli/, bench/) that breaks its folder's rule."""
+    problems = []
+    for file in program_files(repo):
+        relative = file.relative_to(repo)
+        layer = program_layer(relative.parts)
+        if layer not in PROGRAM_RULES:
+            problems.append(f"{relative}: the folder has no rule in docs/ARCHITECTURE.md (nor in this check)")
+            continue
+        allowed = PROGRAM_RULES[layer] | {"public"}
+        if str(relative) in PRIVATE_PENDING:
+            allowed = allowed | {"private"}
+        for where, name, quoted in named_includes(relative, file.read_text(errors="replace"), problems):
+            target, resolved = program_target(repo, file, name, quoted)
+            if target is None or target in allowed:
+                continue
+            shown = name if resolved is None or resolved == name else f"{name} = {resolved}"
+            what = {"private": "a private header", OUTSIDE: "outside the project"}.get(target, target)
+            problems.append(f"{where}: {layer} may not include {shown} ({what})")
     return problems
 
 
@@ -228,7 +312,8 @@ def check(repo):
             broken.append(f"{relative}: the folder {layer} has no rule in docs/ARCHITECTURE.md (nor in this check)")
             continue
         broken.extend(include_problems(repo, file, relative, layer))
-    return broken + raw_signal_problems(repo) + serial_split_problems(repo), len(files)
+    problems = broken + program_problems(repo) + raw_signal_problems(repo) + serial_split_problems(repo)
+    return problems, len(files) + len(program_files(repo))
 
 
 # The self-test's tree: each file's text; "# BAD" ends a line the check must report, and
@@ -259,6 +344,22 @@ SELF_TEST_TREE = {
     "src/optim/swap_env.h": "",
     "src/newmodule/thing.cpp": "// BAD FILE: a folder without a rule\n",
     "tools/stowage/commands.h": "",
+    "tools/stowage/launch.h": "",
+    "tools/stowage/bench.cpp": ('#include "commands.h"\n#include "program.h"\n#include <stowage/error.h>\n'
+                                "#include <stowage/version.h>\n#include <fmt/format.h>\n"
+                                "#include <emit.h>  # BAD: the tool, a benchmark's header\n"
+                                '#include "../../bench/cli/commands.h"  # BAD\n'
+                                '#include "dcp/save.h"  # BAD: a private header\n'),
+    "cli/program.h": "#include <CLI/CLI.hpp>\n#include <stowage/error.h>\n",
+    "cli/program.cpp": '#include "program.h"\n#include "launch.h"  # BAD: the tool\'s\n',
+    "bench/lib/emit.h": "",
+    "bench/lib/swap_disk_bench.cpp": '#include "emit.h"\n#include "optim/swap_env.h"\n',
+    "bench/lib/dcp_bench.cpp": '#include "optim/swap_env.h"  # BAD\n#include "program.h"  # BAD: cli/\n',
+    "bench/cli/commands.h": "",
+    "bench/cli/run_all.cpp": ('#include "commands.h"\n#include "program.h"\n#include <emit.h>\n'
+                              '#include "launch.h"  # BAD: tools/stowage/launch.h\n'),
+    "bench/dcp.cpp": '#include "emit.h"\n#include "program.h"  # BAD: a thin executable, cli/\n',
+    "bench/other/thing.cpp": "// BAD FILE: a folder without a rule\n",
     "tests/cli/child_signal.h": "inline int send(int pid) { return ::kill(pid, 15); }\n",
     "tests/cli/ok_test.cpp": ("// kill(-1, SIGTERM) would signal every process\n"
                               "bool sent = signal_descendant(pid, SIGTERM);\nrun.kill_and_reap();\n"),
