@@ -67,7 +67,7 @@ int exit_status(int status) {
 std::string executable_path() {
   std::error_code error;
   const std::filesystem::path path = std::filesystem::read_symlink("/proc/self/exe", error);
-  if (error) throw Error(fmt::format("cannot find the stowage executable (/proc/self/exe): {}", error.message()));
+  if (error) throw Error(fmt::format("cannot find this program's executable (/proc/self/exe): {}", error.message()));
   return path.string();
 }
 

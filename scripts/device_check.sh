@@ -64,7 +64,7 @@ run() {
     -DCMAKE_PREFIX_PATH="$(python3 -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')" \
     -DSTOWAGE_DEPS_DIR="$deps" -DSTOWAGE_PYTHON="$(command -v python3)" -DTORCH_CUDA_ARCH_LIST=9.0 \
     -DSTOWAGE_BUILD_EXAMPLES=OFF || return 1
-  stage build 300 cmake --build "$build" --parallel 16 --target device_tests dcp_tests activation_tests stowage_cli ||
+  stage build 300 cmake --build "$build" --parallel 16 --target device_tests dcp_tests activation_tests stowage_cli stowage_bench_cli ||
     { tail -n 60 "$out/build.log"; return 1; }
   stage device_tests 60 "$build/tests/device_tests" --gtest_output="json:$out/device_tests.json"
   stage seed_suites 60 bash -c "'$build/tests/dcp_tests' --gtest_filter='DcpSeed000.*' && \

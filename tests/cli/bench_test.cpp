@@ -1,5 +1,6 @@
-// `stowage bench dcp`, `bench grad-sync` and `bench activation --train-model`: the JSON objects their issues specify,
-// from real (small) runs; no figure is judged here, benchmarks are not timed tests.
+// `stowage bench`, which runs stowage-bench; `bench dcp`, `bench grad-sync` and `bench activation --train-model`:
+// the JSON objects their issues specify, from real (small) runs; no figure is judged here, benchmarks are not timed
+// tests.
 
 #include "cli/cli_util.h"
 
@@ -14,6 +15,24 @@
 namespace stowage::testing {
 namespace {
 namespace fs = std::filesystem;
+
+// `stowage bench` runs stowage-bench beside it with the same arguments, and says which
+// program it looked for when there is none.
+TEST(BenchProgram, StowageBenchRunsTheProgramBesideItAndNamesItWhenMissing) {
+  const auto help = run_command(stowage_binary() + " bench --help");
+  EXPECT_EQ(help.status, 0) << help.output;
+  EXPECT_NE(help.output.find("Usage: stowage bench"), std::string::npos) << help.output;
+  EXPECT_NE(help.output.find("capacity"), std::string::npos) << help.output;
+  const auto refused = run_command(stowage_binary() + " bench swap --params 0");
+  EXPECT_EQ(refused.status, 2) << refused.output;
+  const fs::path alone = fs::temp_directory_path() / ("stowage-alone-" + std::to_string(getpid()));
+  fs::create_directories(alone);
+  fs::copy_file(stowage_binary(), alone / "stowage");
+  const auto missing = run_command((alone / "stowage").string() + " bench dcp");
+  EXPECT_EQ(missing.status, 1) << missing.output;
+  EXPECT_NE(missing.output.find((alone / "stowage-bench").string()), std::string::npos) << missing.output;
+  fs::remove_all(alone);
+}
 
 TEST(BenchDcp, JsonHasEveryFigureAndTheScratchSpaceIsRemoved) {
   const fs::path dir = fs::temp_directory_path() / ("stowage-bench-test-" + std::to_string(getpid()));

@@ -22,14 +22,15 @@ namespace {
 // Replaces this process with stowage-bench, given `arguments`; returns only by throwing.
 [[noreturn]] void run_bench_program(const std::vector<std::string>& arguments) {
   const std::string program = (std::filesystem::path(executable_path()).parent_path() / "stowage-bench").string();
-  std::vector<char*> argv{const_cast<char*>("stowage bench")};  // the name its usage lines give
-  for (const std::string& argument : arguments) argv.push_back(const_cast<char*>(argument.c_str()));
+  std::vector<std::string> strings{"stowage bench"};  // its argv[0]: the name its usage lines give
+  strings.insert(strings.end(), arguments.begin(), arguments.end());
+  std::vector<char*> argv;
+  argv.reserve(strings.size() + 1);
+  for (std::string& string : strings) argv.push_back(string.data());
   argv.push_back(nullptr);
   std::fflush(stdout);
   execv(program.c_str(), argv.data());
-  const int error = errno;
-  throw Error(fmt::format("bench: cannot run the benchmarks' program '{}': {}{}", program, std::strerror(error),
-                          error == ENOENT ? " (it is built and installed with this one)" : ""));
+  throw Error(fmt::format("bench: cannot run the benchmarks' program '{}': {}", program, std::strerror(errno)));
 }
 
 }  // namespace

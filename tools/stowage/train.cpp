@@ -4,15 +4,16 @@
 // This file keeps the model's loop and the mapping of flags to options. Every flag is
 // checked before anything is created or any rank is started, under its own name.
 // Exit statuses: 0 done, its last checkpoint committed; 1 an error, or the last
-// checkpoint failed; 2 bad arguments; dist::kPreemptedStatus (75) preempted, the step
-// it ended on committed; 128 + N killed by signal N.
+// checkpoint failed; 2 bad arguments; kOutOfMemoryStatus (3) a device ran out of memory
+// (cli/program.h); dist::kPreemptedStatus (75) preempted, the step it ended on committed;
+// 128 + N killed by signal N.
 #include "cli_numbers.h"
 #include "commands.h"
+#include "device_option.h"
+#include "launch_ranks.h"
+#include "train_checks.h"
 #include "train_data.h"
 #include "train_model.h"
-#include "launch_ranks.h"
-#include "device_option.h"
-#include "train_checks.h"
 #include "train_progress.h"
 #include "train_setup.h"
 
