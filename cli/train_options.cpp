@@ -5,7 +5,10 @@
 #include <fmt/format.h>
 
 #include <optional>
+#include <string>
+#include <type_traits>
 #include <variant>
+#include <vector>
 
 namespace stowage::cli {
 namespace {
