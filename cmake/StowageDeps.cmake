@@ -26,7 +26,7 @@ else()
 endif()
 
 add_library(stowage_xxhash INTERFACE)
-# liburing, for the swap optimizer's disk tier (src/optim/swap_file_io.cpp).
+# liburing, for the batch I/O of the swap optimizer's disk tier (src/dcp/storage/batch_io.cpp).
 add_library(stowage_uring INTERFACE)
 if(STOWAGE_DEPS_DIR)
   target_include_directories(stowage_xxhash SYSTEM INTERFACE $<BUILD_INTERFACE:${STOWAGE_DEPS_DIR}/include>)

@@ -3,13 +3,11 @@
 #include "bench_util.h"
 #include "emit.h"
 
+#include <stowage/dcp/env.h>
 #include <stowage/error.h>
 #include <stowage/memory/accounting.h>
 #include <stowage/memory/host_buffer.h>
 #include <stowage/optim/swap_optimizer.h>
-
-#include "optim/swap_file.h"
-#include "optim/swap_file_io.h"
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -31,20 +29,22 @@ optim::SwapIoPath io_path_of(const std::string& name) {
 }
 
 // SwapDiskBenchResult::raw_read_write_s: `bytes` written to a fresh scratch file in `dir`
-// and read back, one buffer of `buffer_bytes` at a time. Written first: a file system
-// reads blocks never written as zeros without touching the disk.
+// and read back, one buffer of `buffer_bytes` at a time, through the file system's batch
+// I/O as the tier's own. Written first: a file system reads blocks never written as zeros
+// without touching the disk.
 double raw_read_write_seconds(const std::string& dir, int64_t bytes, int64_t buffer_bytes, optim::SwapIoPath path,
                               bool pin) {
-  using optim::detail::IoOp;
-  const auto file = optim::detail::SwapFile::create(dir, "stowage-bench-raw", bytes);
-  const auto io = optim::detail::make_swap_file_io(path);
+  using dcp::IoOp;
+  dcp::Env* const env = dcp::Env::posix();
+  const auto file = env->create_scratch_file(dir, "stowage-bench-raw", bytes);
+  const auto io = env->new_batch_io(path);
   memory::HostAllocOptions options;
   options.pin_memory = pin;
   const at::Tensor buffer = memory::allocate_host({buffer_bytes}, at::kByte, options).fill_(1);
   const auto pass = [&](IoOp op) {
     for (int64_t offset = 0; offset < file->size(); offset += buffer_bytes) {
       const int64_t chunk = std::min(buffer_bytes, file->size() - offset);
-      io->run(op, {{file->io_fd(), offset, static_cast<char*>(buffer.data_ptr()), chunk, file->name()}});
+      io->run(op, {{file.get(), offset, static_cast<char*>(buffer.data_ptr()), chunk}});
     }
   };
   return seconds([&] {

@@ -24,6 +24,7 @@
 #include <stowage/optim/master_adamw.h>
 #include <stowage/optim/partition.h>
 #include <stowage/optim/swap_config.h>
+#include <stowage/optim/swap_env.h>
 #include <stowage/optim/swap_optimizer.h>
 #include <stowage/optim/zero_redundancy_optimizer.h>
 #include <stowage/state/copy.h>

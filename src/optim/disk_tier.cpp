@@ -2,7 +2,7 @@
 
 #include <stowage/memory/host_buffer.h>
 
-#include "optim/swap_file.h"
+#include <ATen/ATen.h>
 
 #include <algorithm>
 
@@ -20,6 +20,12 @@ void DiskTier::ensure_buffers(int64_t bytes, c10::Device device) {
   buffer_bytes = bytes;
   stats.buffer_bytes = bytes;
   stats.peak_host_bytes = std::max(stats.peak_host_bytes, buffer_count * bytes);
+}
+
+at::Tensor map_scratch_file(const std::shared_ptr<dcp::ScratchFile>& file, c10::ScalarType dtype) {
+  const int64_t numel = file->size() / static_cast<int64_t>(c10::elementSize(dtype));
+  return at::from_blob(
+      file->mapping(), {numel}, [file](void*) {}, at::TensorOptions().dtype(dtype));
 }
 
 }  // namespace stowage::optim::detail

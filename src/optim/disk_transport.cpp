@@ -1,7 +1,6 @@
 #include <stowage/error.h>
 
 #include "optim/disk_tier.h"
-#include "optim/swap_file.h"
 #include "optim/swap_pipeline.h"
 
 #include <ATen/ATen.h>
@@ -16,6 +15,8 @@
 namespace stowage::optim::detail {
 namespace {
 
+using dcp::IoOp;
+using dcp::IoRequest;
 using memory::CopyEvent;
 using memory::CopyLane;
 
@@ -170,8 +171,8 @@ BatchPlan plan_batch(const std::vector<Unit>& units, const Batches& batches, int
 class DiskTransport final : public SwapTransport {
  public:
   DiskTransport(memory::CopyEngine& engine, const std::vector<Unit>& units, const Batches& batches,
-                const std::map<c10::ScalarType, std::shared_ptr<SwapFile>>& files, DiskTier& tier, c10::Device device,
-                bool packed)
+                const std::map<c10::ScalarType, std::shared_ptr<dcp::ScratchFile>>& files, DiskTier& tier,
+                c10::Device device, bool packed)
       : engine_(engine),
         units_(units),
         batches_(batches),
@@ -281,10 +282,9 @@ class DiskTransport final : public SwapTransport {
   void transfer(IoOp op, int64_t b) {
     std::vector<IoRequest> requests;
     for (const Run& run : plans_[b].runs) {
-      const SwapFile& file = *files_.at(run.dtype);
-      requests.push_back({file.io_fd(), run.file_byte, buffer_bytes(b) + run.buffer_byte, run.bytes, file.name()});
+      requests.push_back({files_.at(run.dtype).get(), run.file_byte, buffer_bytes(b) + run.buffer_byte, run.bytes});
     }
-    tier_.env->transfer(op, b, *tier_.io, requests);
+    tier_.io->run(op, requests);
     int64_t& counter = op == IoOp::kRead ? tier_.stats.read_bytes : tier_.stats.written_bytes;
     counter += plans_[b].bytes;
   }
@@ -341,7 +341,7 @@ class DiskTransport final : public SwapTransport {
   memory::CopyEngine& engine_;
   const std::vector<Unit>& units_;
   const Batches& batches_;
-  const std::map<c10::ScalarType, std::shared_ptr<SwapFile>>& files_;
+  const std::map<c10::ScalarType, std::shared_ptr<dcp::ScratchFile>>& files_;
   DiskTier& tier_;
   c10::Device device_;
   bool packed_;
@@ -360,10 +360,10 @@ class DiskTransport final : public SwapTransport {
 
 }  // namespace
 
-std::unique_ptr<SwapTransport> make_disk_transport(memory::CopyEngine& engine, const std::vector<Unit>& units,
-                                                   const Batches& batches,
-                                                   const std::map<c10::ScalarType, std::shared_ptr<SwapFile>>& files,
-                                                   DiskTier& tier, c10::Device device, bool packed) {
+std::unique_ptr<SwapTransport> make_disk_transport(
+    memory::CopyEngine& engine, const std::vector<Unit>& units, const Batches& batches,
+    const std::map<c10::ScalarType, std::shared_ptr<dcp::ScratchFile>>& files, DiskTier& tier, c10::Device device,
+    bool packed) {
   return std::make_unique<DiskTransport>(engine, units, batches, files, tier, device, packed);
 }
 

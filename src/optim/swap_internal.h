@@ -4,9 +4,10 @@
 
 #include <stowage/optim/swap_optimizer.h>
 
+#include <stowage/dcp/env.h>
+#include <stowage/optim/swap_env.h>
+
 #include "optim/param_state.h"
-#include "optim/swap_env.h"
-#include "optim/swap_file.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -85,8 +86,8 @@ struct HostLayout {
   };
   std::vector<Entry> entries;
   std::map<std::pair<const c10::TensorImpl*, int>, size_t> index;
-  std::map<c10::ScalarType, at::Tensor> buffers;               // packed mode and disk tier: one per dtype
-  std::map<c10::ScalarType, std::shared_ptr<SwapFile>> files;  // disk tier: the buffers' files
+  std::map<c10::ScalarType, at::Tensor> buffers;                       // packed mode and disk tier: one per dtype
+  std::map<c10::ScalarType, std::shared_ptr<dcp::ScratchFile>> files;  // disk tier: the buffers' files
 
   const Entry* find(const c10::TensorImpl* param, int slot) const {
     const auto it = index.find({param, slot});

@@ -108,7 +108,7 @@ SwapOptimizer::Rep::Rep(std::shared_ptr<torch::optim::Optimizer> optimizer, Swap
       throw InvalidArgument(fmt::format("SwapOptimizerConfig.swap_dir '{}' is not a directory{}", config_.swap_dir(),
                                         error ? ": " + error.message() : std::string()));
     }
-    disk_ = std::make_unique<detail::DiskTier>(env_, config_.io_path(), config_.buffer_count());
+    disk_ = std::make_unique<detail::DiskTier>(config_.file_env(), config_.io_path(), config_.buffer_count());
     disk_->stats.io_path = disk_->io->path();
   }
   engine_ = std::make_unique<memory::CopyEngine>(device_, env_);
@@ -398,8 +398,8 @@ void SwapOptimizer::Rep::ensure_host_layout(std::vector<SlotRequest> requests) {
     for (const auto& [dtype, numel] : used) {
       if (disk_) {
         const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
-        fresh->files[dtype] = env_->create_scratch_file(config_.swap_dir(), "stowage-optimizer-state", bytes);
-        fresh->buffers[dtype] = detail::SwapFile::map(fresh->files[dtype], dtype);
+        fresh->files[dtype] = disk_->files->create_scratch_file(config_.swap_dir(), "stowage-optimizer-state", bytes);
+        fresh->buffers[dtype] = detail::map_scratch_file(fresh->files[dtype], dtype);
       } else {
         fresh->buffers[dtype] = memory::allocate_host({numel}, dtype, host_options);
       }

@@ -89,17 +89,16 @@ std::unique_ptr<SwapTransport> make_per_tensor_transport(memory::CopyEngine& eng
                                                          const Batches& batches, c10::Device device);
 
 struct DiskTier;
-class SwapFile;
 // The disk tier's transport: batch b's states are read from the scratch files into host
 // buffer b % buffer_count, one batch ahead of its upload (see SwapOptimizerConfig), moved
 // to and from the device as the packed (one copy per dtype, two arenas) or per-tensor
 // transport would, and written back from the buffer by the I/O thread once downloaded.
 // Batch b's states of each dtype are one contiguous, kDiskAlignmentBytes-aligned range of
 // that dtype's file; the batch must fit one buffer.
-std::unique_ptr<SwapTransport> make_disk_transport(memory::CopyEngine& engine, const std::vector<Unit>& units,
-                                                   const Batches& batches,
-                                                   const std::map<c10::ScalarType, std::shared_ptr<SwapFile>>& files,
-                                                   DiskTier& tier, c10::Device device, bool packed);
+std::unique_ptr<SwapTransport> make_disk_transport(
+    memory::CopyEngine& engine, const std::vector<Unit>& units, const Batches& batches,
+    const std::map<c10::ScalarType, std::shared_ptr<dcp::ScratchFile>>& files, DiskTier& tier, c10::Device device,
+    bool packed);
 
 // Updates one unit, reading its swapped states through `swapped_state`.
 using UnitUpdate =

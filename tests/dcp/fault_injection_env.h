@@ -3,7 +3,11 @@
 // An Env that counts the calls of each kind and fails the k-th one (the role of
 // LevelDB's FaultInjectionTestEnv). Every other call goes to the real file system.
 // The failure is what a real one would throw: an IoError of the call's operation on
-// its path, with EIO.
+// its path, with EIO or the errno asked for. It serves checkpoints and the swap
+// optimizer's disk tier alike: a scratch file's creation is an open (of its directory), a
+// batch's reads a read and its writes a write (of its first file), and a failed batch
+// write first writes the first half of its first request, as a write that runs out of
+// space part way does.
 
 #include <stowage/dcp/env.h>
 #include <stowage/error.h>
@@ -12,6 +16,7 @@
 
 #include <array>
 #include <cerrno>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -34,13 +39,15 @@ class FaultInjectionEnv final : public EnvWrapper {
  public:
   explicit FaultInjectionEnv(Env* target = Env::posix()) : EnvWrapper(target) {}
 
-  // From now on, counts every call anew and fails the k-th call of `call` (1-based);
-  // k 0 fails none.
-  void fail(Call call, int64_t k) {
+  // From now on, counts every call anew and fails the k-th call of `call` (1-based), and
+  // the `times` - 1 calls of that kind after it, with `error_number`; k 0 fails none.
+  void fail(Call call, int64_t k, int error_number = EIO, int64_t times = 1) {
     std::lock_guard<std::mutex> lock(mutex_);
     counts_.fill(0);
     armed_ = call;
     armed_k_ = k;
+    armed_times_ = times;
+    armed_error_ = error_number;
     failed_path_.reset();
   }
   int64_t count(Call call) const {
@@ -53,14 +60,22 @@ class FaultInjectionEnv final : public EnvWrapper {
     return failed_path_;
   }
 
-  // Counts a call of `call` on `path`, and throws if it is the one to fail.
+  // Counts a call of `call` on `path`, and throws if it is one to fail.
   void enter(Call call, const std::string& path) {
+    if (const int error = counted(call, path); error != 0) throw injected(call, path, error);
+  }
+  // Counts a call of `call` on `path`: the errno to fail it with, or 0.
+  int counted(Call call, const std::string& path) {
     std::lock_guard<std::mutex> lock(mutex_);
     const int64_t n = ++counts_[static_cast<size_t>(call)];
-    if (call != armed_ || n != armed_k_) return;
+    if (call != armed_ || armed_k_ == 0 || n < armed_k_ || n >= armed_k_ + armed_times_) return 0;
     failed_path_ = path;
-    throw IoError(fmt::format("injected fault: cannot {} '{}': Input/output error", operation_of(call), path), path,
-                  operation_of(call), EIO);
+    return armed_error_;
+  }
+  static IoError injected(Call call, const std::string& path, int error_number) {
+    return IoError(
+        fmt::format("injected fault: cannot {} '{}': {}", operation_of(call), path, std::strerror(error_number)), path,
+        operation_of(call), error_number);
   }
 
   std::unique_ptr<WritableFile> create_file(const std::string& path) override;
@@ -94,12 +109,20 @@ class FaultInjectionEnv final : public EnvWrapper {
     EnvWrapper::sync_directory(path);
   }
   std::unique_ptr<DirectoryLock> lock_directory(const std::string& path) override;
+  std::shared_ptr<ScratchFile> create_scratch_file(const std::string& dir, const std::string& stem,
+                                                   int64_t bytes) override {
+    enter(Call::kOpen, dir);
+    return EnvWrapper::create_scratch_file(dir, stem, bytes);
+  }
+  std::unique_ptr<BatchIo> new_batch_io(BatchIoPath path) override;
 
  private:
   mutable std::mutex mutex_;
   std::array<int64_t, kAllCalls.size()> counts_{};
   Call armed_ = Call::kOpen;
   int64_t armed_k_ = 0;
+  int64_t armed_times_ = 1;
+  int armed_error_ = EIO;
   std::optional<std::string> failed_path_;
 };
 
@@ -163,6 +186,31 @@ class FaultInjectionDirectoryLock final : public DirectoryLock {
   std::unique_ptr<DirectoryLock> lock_;
 };
 
+class FaultInjectionBatchIo final : public BatchIo {
+ public:
+  FaultInjectionBatchIo(FaultInjectionEnv& env, std::unique_ptr<BatchIo> io) : env_(env), io_(std::move(io)) {}
+  BatchIoPath path() const override { return io_->path(); }
+  void run(IoOp op, const std::vector<IoRequest>& requests) override {
+    const Call call = op == IoOp::kRead ? Call::kRead : Call::kWrite;
+    const std::string path = requests.empty() ? std::string() : requests.front().file->path();
+    const int error = env_.counted(call, path);
+    if (error == 0) {
+      io_->run(op, requests);
+      return;
+    }
+    if (op == IoOp::kWrite && !requests.empty()) {
+      IoRequest half = requests.front();
+      half.length = (half.length / 2 + kDirectIoAlignment - 1) / kDirectIoAlignment * kDirectIoAlignment;
+      io_->run(op, {half});
+    }
+    throw FaultInjectionEnv::injected(call, path, error);
+  }
+
+ private:
+  FaultInjectionEnv& env_;
+  std::unique_ptr<BatchIo> io_;
+};
+
 inline std::unique_ptr<WritableFile> FaultInjectionEnv::create_file(const std::string& path) {
   enter(Call::kOpen, path);
   return std::make_unique<FaultInjectionWritableFile>(*this, EnvWrapper::create_file(path));
@@ -176,6 +224,10 @@ inline std::unique_ptr<ReadableFile> FaultInjectionEnv::open_for_reading(const s
 inline std::unique_ptr<DirectoryLock> FaultInjectionEnv::lock_directory(const std::string& path) {
   enter(Call::kOpen, path);
   return std::make_unique<FaultInjectionDirectoryLock>(*this, path, EnvWrapper::lock_directory(path));
+}
+
+inline std::unique_ptr<BatchIo> FaultInjectionEnv::new_batch_io(BatchIoPath path) {
+  return std::make_unique<FaultInjectionBatchIo>(*this, EnvWrapper::new_batch_io(path));
 }
 
 }  // namespace stowage::dcp::testing

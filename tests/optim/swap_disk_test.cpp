@@ -8,7 +8,7 @@
 #include <stowage/error.h>
 #include <stowage/memory/accounting.h>
 
-#include "optim/fault_injection_swap_env.h"
+#include "dcp/fault_injection_env.h"
 #include "optim/swap_test_util.h"
 
 #include <fmt/format.h>
@@ -24,7 +24,7 @@
 namespace stowage::optim {
 namespace {
 
-using detail::IoOp;
+using dcp::testing::Call;
 using testing::clone_params;
 using ::testing::HasSubstr;
 using testing::make_params;
@@ -43,7 +43,7 @@ SwapOptimizerConfig disk_tier_config(SwapIoPath path = SwapIoPath::kAuto) {
 struct DiskPair {
   explicit DiskPair(const SwapOptimizerConfig& config)
       : params(make_params(testing::Shapes(kDiskParams, {kDiskNumel}))), plain_params(clone_params(params)) {
-    swap = swap_optimizer(testing::adamw(params), SwapOptimizerConfig(config).env(&env));
+    swap = swap_optimizer(testing::adamw(params), SwapOptimizerConfig(config).file_env(&files));
     plain = testing::adamw(plain_params);
   }
   void step(int step) {
@@ -56,10 +56,13 @@ struct DiskPair {
     testing::expect_params_equal(plain_params, params);
     testing::expect_state_dicts_equal(testing::plain_state_dict(plain), swap->state_dict());
   }
-  // Step `step` with `fault` failing the swap's I/O: the step's error message (a test
-  // failure if it did not throw). The fault is removed again.
-  std::string failing_step(int step, testing::FaultInjectionSwapEnv::DiskFault fault) {
-    env.set_disk_fault(std::move(fault));
+  // Step `step` with the step's k-th batch read or write (`call`), and the `times` - 1 after
+  // it, failing with `error`: the step's error message (a test failure if it did not
+  // throw). The fault is removed again. A step reads its batches in order, one call each,
+  // and writes them in order; recovery then writes again, in order, the batches whose
+  // writes did not succeed.
+  std::string failing_step(int step, Call call, int64_t k, int error, int64_t times = 1) {
+    files.fail(call, k, error, times);
     set_grads(params, step);
     std::string message;
     try {
@@ -68,7 +71,7 @@ struct DiskPair {
     } catch (const Error& e) {
       message = e.what();
     }
-    env.set_disk_fault(nullptr);
+    files.fail(call, 0);
     return message;
   }
   // After a failed step: the plain optimizer takes it with gradients for the parameters
@@ -81,7 +84,7 @@ struct DiskPair {
     expect_matches_plain();
   }
 
-  testing::FaultInjectionSwapEnv env;  // before `swap`, which uses it until destroyed
+  dcp::testing::FaultInjectionEnv files;  // before `swap`, which uses it until destroyed
   std::vector<torch::Tensor> params;
   std::vector<torch::Tensor> plain_params;
   c10::intrusive_ptr<SwapOptimizer> swap;
@@ -159,8 +162,7 @@ TEST_P(SwapDiskTier, AFailedReadStopsTheStepAndTheOptimizerGoesOn) {
     SCOPED_TRACE("read of batch " + std::to_string(batch));
     DiskPair pair(disk_tier_config(GetParam()));
     pair.step(0);
-    const std::string message =
-        pair.failing_step(1, [&](IoOp op, int64_t b) { return op == IoOp::kRead && b == batch ? EIO : 0; });
+    const std::string message = pair.failing_step(1, Call::kRead, batch + 1, EIO);
     EXPECT_THAT(message, HasSubstr("Input/output error"));
     // Batch b is read while batch b - 1 is updated, and waited for when b - 2 is done.
     EXPECT_THAT(message,
@@ -176,9 +178,7 @@ TEST_P(SwapDiskTier, AWriteThatRunsOutOfSpaceOnceIsWrittenAgain) {
     SCOPED_TRACE("write of batch " + std::to_string(batch));
     DiskPair pair(disk_tier_config(GetParam()).buffer_count(2));
     pair.step(0);
-    int failures = 0;
-    const std::string message = pair.failing_step(
-        1, [&](IoOp op, int64_t b) { return op == IoOp::kWrite && b == batch && failures++ == 0 ? ENOSPC : 0; });
+    const std::string message = pair.failing_step(1, Call::kWrite, batch + 1, ENOSPC);
     EXPECT_THAT(message, HasSubstr("No space left on device"));
     EXPECT_THAT(message, HasSubstr("downloaded again"));
     pair.catch_up_after_failed_step(1, 2);
@@ -190,8 +190,8 @@ TEST_P(SwapDiskTier, AWriteThatRunsOutOfSpaceOnceIsWrittenAgain) {
 TEST_P(SwapDiskTier, StatesThatCannotBeWrittenStayOnTheDeviceUntilTheNextStep) {
   DiskPair pair(disk_tier_config(GetParam()));
   pair.step(0);
-  const std::string message =
-      pair.failing_step(1, [](IoOp op, int64_t b) { return op == IoOp::kWrite && b == 1 ? ENOSPC : 0; });
+  // Batch 1's write fails, and so does recovery's second try of it (the step's third write).
+  const std::string message = pair.failing_step(1, Call::kWrite, 2, ENOSPC, /*times=*/2);
   EXPECT_THAT(message, HasSubstr("No space left on device"));
   EXPECT_THAT(message, HasSubstr("stay on the device until the next step"));
   pair.catch_up_after_failed_step(1, 2);

@@ -1,20 +1,20 @@
 #pragma once
 
-// The file-system calls of dcp's file-system storage, behind one seam (the role of
-// LevelDB's Env). FileSystemWriter, FileSystemReader and CheckpointManager make every
-// call to the file system through an Env; Env::posix() is the real one. A test
-// replaces it to see every call and to fail any of them (tests/dcp/fault_injection_env.h
-// fails the k-th call of a kind), which real file systems can only do for a few calls
-// and only as root.
+// The process's file calls, behind one seam (the role of LevelDB's Env): those of dcp's
+// file-system storage (FileSystemWriter, FileSystemReader, CheckpointManager) and those of
+// the swap optimizer's disk tier (its scratch files and their batched reads and writes,
+// optim/swap_config.h). Env::posix() is the real one. A test replaces it to see every call
+// and to fail any of them (tests/dcp/fault_injection_env.h fails the k-th call of a kind),
+// which real file systems can only do for a few calls and only as root.
 //
 // Failure semantics, for every implementation: a call that fails throws IoError naming
 // the path, the operation ("open", "create", "write", "fsync", "rename", "unlink",
-// "mmap", "read", "mkdir", "list", "lock", "stat") and errno (NotFound, a kind of
-// IoError, for ENOENT and ENOTDIR); a file shorter than a read
-// needs throws CorruptionError; a call that fails changes nothing it was not asked to.
-// An Env and the objects it returns may be used from several threads at once, each
-// file by one thread at a time. The Env must outlive the writers, readers and managers
-// that use it.
+// "mmap", "read", "mkdir", "list", "lock", "stat", "allocate", "io_uring_queue_init",
+// "io_uring_submit") and errno (NotFound, a kind of IoError, for ENOENT and ENOTDIR); a
+// file shorter than a read needs throws CorruptionError (a scratch file's batch read, EIO);
+// a call that fails changes nothing it was not asked to. An Env and the objects it returns
+// may be used from several threads at once, each file (and each BatchIo) by one thread at
+// a time. The Env must outlive the writers, readers, managers and optimizers that use it.
 
 #include <cstdint>
 #include <memory>
@@ -60,6 +60,64 @@ class ReadableFile {
   virtual std::unique_ptr<MappedRegion> map(int64_t length) const = 0;
 };
 
+// A file of the process's own, made by Env::create_scratch_file: unlinked as soon as it is
+// open, so nothing of it outlives the process (a crash leaves nothing in its directory);
+// its blocks allocated when it is made, so a full disk shows then rather than as a fault
+// in the middle of a write, and stores through its mapping cannot hit a hole.
+class ScratchFile {
+ public:
+  virtual ~ScratchFile() = default;  // unmaps and closes it: its blocks are freed
+  // The path it had before it was unlinked, for messages.
+  virtual const std::string& path() const = 0;
+  // A multiple of kDirectIoAlignment.
+  virtual int64_t size() const = 0;
+  // Whether BatchIo's reads and writes of it bypass the page cache (O_DIRECT, where the
+  // file system allows it).
+  virtual bool direct() const = 0;
+  // The whole file, mapped shared: loads read the file, stores reach it.
+  virtual char* mapping() const = 0;
+};
+
+// The offsets, lengths and buffers of a direct ScratchFile's BatchIo are multiples of this,
+// as O_DIRECT requires of every file system we know of.
+inline constexpr int64_t kDirectIoAlignment = 4096;
+
+enum class IoOp { kRead, kWrite };
+
+// `length` bytes at `offset` of `file`, from or into `data`.
+struct IoRequest {
+  ScratchFile* file = nullptr;
+  int64_t offset = 0;
+  char* data = nullptr;
+  int64_t length = 0;
+};
+
+// How a BatchIo moves its blocks.
+enum class BatchIoPath {
+  kAuto,     // io_uring where the kernel allows it, else threads
+  kIoUring,  // io_uring (liburing); making one fails if the kernel refuses a ring
+  kThreads,  // a pool of threads calling pread/pwrite
+};
+
+// Reads or writes of scratch files a batch at a time, several blocks in flight: each
+// request is split into blocks, all of them run, and run() returns once none is in flight.
+class BatchIo {
+ public:
+  // Blocks in flight per call (io_uring's queue depth, or the pool's thread count), and
+  // their size; DeepSpeed's aio defaults.
+  static constexpr int kQueueDepth = 8;
+  static constexpr int64_t kBlockBytes = int64_t(1) << 20;
+
+  virtual ~BatchIo() = default;
+  // The path that runs (never kAuto).
+  virtual BatchIoPath path() const = 0;
+  // REQUIRES: every request's file was made by the Env that made this BatchIo.
+  // Runs every request. If any fails, the rest still run (or are skipped) and then an
+  // IoError names the file, the operation and the errno; a read past the end of a file
+  // fails with EIO.
+  virtual void run(IoOp op, const std::vector<IoRequest>& requests) = 0;
+};
+
 // An advisory lock on a directory (flock), held until destroyed.
 class DirectoryLock {
  public:
@@ -102,6 +160,14 @@ class Env {
   // Makes the directory's entries (creations, renames, removals) durable.
   virtual void sync_directory(const std::string& path) = 0;
   virtual std::unique_ptr<DirectoryLock> lock_directory(const std::string& path) = 0;
+  // A ScratchFile of `bytes` (rounded up to kDirectIoAlignment, at least one block) of
+  // zeros in `dir`, named after `stem` until it is unlinked. IoError naming the file and the
+  // call that failed ("allocate" with ENOSPC for a full disk); nothing is left behind then.
+  virtual std::shared_ptr<ScratchFile> create_scratch_file(const std::string& dir, const std::string& stem,
+                                                           int64_t bytes) = 0;
+  // kAuto gives io_uring if the kernel sets a ring up, else threads; kIoUring throws
+  // IoError ("io_uring_queue_init") when the kernel refuses a ring.
+  virtual std::unique_ptr<BatchIo> new_batch_io(BatchIoPath path) = 0;
 };
 
 // The type of options' env: TORCH_ARG spells its accessors `const T&`, which for a
@@ -124,6 +190,9 @@ class EnvWrapper : public Env {
   void create_directories(const std::string& path) override;
   void sync_directory(const std::string& path) override;
   std::unique_ptr<DirectoryLock> lock_directory(const std::string& path) override;
+  std::shared_ptr<ScratchFile> create_scratch_file(const std::string& dir, const std::string& stem,
+                                                   int64_t bytes) override;
+  std::unique_ptr<BatchIo> new_batch_io(BatchIoPath path) override;
 
  private:
   Env* target_;

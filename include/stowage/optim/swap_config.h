@@ -2,6 +2,8 @@
 
 // Options of the optimizer-state swap (stowage::optim::swap_optimizer).
 
+#include <stowage/dcp/env.h>
+
 #include <torch/arg.h>
 
 #include <cstdint>
@@ -16,17 +18,14 @@ inline constexpr const char* kExpAvgSq = "exp_avg_sq";
 inline constexpr const char* kMaxExpAvgSq = "max_exp_avg_sq";
 inline constexpr const char* kMasterParam = "master_param";
 
-// How the disk tier reads and writes its files.
-enum class SwapIoPath {
-  kAuto,     // io_uring where the kernel allows it, else threads
-  kIoUring,  // io_uring (liburing); the step fails if the kernel refuses it
-  kThreads,  // a pool of threads calling pread/pwrite
-};
+// How the disk tier reads and writes its files: the file system's batch I/O (dcp/env.h;
+// with kIoUring the step fails if the kernel refuses a ring).
+using SwapIoPath = dcp::BatchIoPath;
 const char* io_path_name(SwapIoPath path);
 
-// The seam through which the swap makes its copies, its disk tier's file calls and its
-// updates (src/optim/swap_env.h, docs/swap.md). TORCH_ARG spells its accessors `const T&`,
-// which for a spelled-out `SwapEnv*` would mean a pointer to a const SwapEnv.
+// The seam through which the swap makes its copies and its updates (optim/swap_env.h,
+// docs/swap.md). TORCH_ARG spells its accessors `const T&`, which for a spelled-out
+// `SwapEnv*` would mean a pointer to a const SwapEnv.
 class SwapEnv;
 using SwapEnvPointer = SwapEnv*;
 
@@ -60,8 +59,12 @@ struct SwapOptimizerConfig {
   TORCH_ARG(int64_t, host_budget_bytes) = 0;
   // Disk tier: the I/O path.
   TORCH_ARG(SwapIoPath, io_path) = SwapIoPath::kAuto;
-  // For tests: the SwapEnv to fail calls through; it must outlive the optimizer. Null: the
-  // real calls.
+  // Disk tier: the file system its scratch files and their reads and writes go through, as
+  // a checkpoint's files go through FileSystemWriterOptions::env; it must outlive the
+  // optimizer. Null: dcp::Env::posix().
+  TORCH_ARG(dcp::EnvPointer, file_env) = nullptr;
+  // For tests: the SwapEnv to fail copies and updates through; it must outlive the
+  // optimizer. Null: the real calls.
   TORCH_ARG(SwapEnvPointer, env) = nullptr;
 
  public:

@@ -55,5 +55,12 @@ void EnvWrapper::sync_directory(const std::string& path) {
 std::unique_ptr<DirectoryLock> EnvWrapper::lock_directory(const std::string& path) {
   return target_->lock_directory(path);
 }
+std::shared_ptr<ScratchFile> EnvWrapper::create_scratch_file(const std::string& dir, const std::string& stem,
+                                                             int64_t bytes) {
+  return target_->create_scratch_file(dir, stem, bytes);
+}
+std::unique_ptr<BatchIo> EnvWrapper::new_batch_io(BatchIoPath path) {
+  return target_->new_batch_io(path);
+}
 
 }  // namespace stowage::dcp

@@ -1,6 +1,9 @@
-// Env::posix(): the Env of the process's file system, made of file_io.h's checked calls.
+// Env::posix(): the Env of the process's file system, made of file_io.h's checked calls,
+// scratch_file.h's files and batch_io.h's reads and writes of them.
+#include "dcp/storage/batch_io.h"
 #include "dcp/storage/file_io.h"
 #include "dcp/storage/mapped_file.h"
+#include "dcp/storage/scratch_file.h"
 #include "util/errno_error.h"
 
 #include <stowage/dcp/env.h>
@@ -131,6 +134,11 @@ class PosixEnv final : public Env {
   std::unique_ptr<DirectoryLock> lock_directory(const std::string& path) override {
     return std::make_unique<PosixDirectoryLock>(open_directory(path));
   }
+  std::shared_ptr<ScratchFile> create_scratch_file(const std::string& dir, const std::string& stem,
+                                                   int64_t bytes) override {
+    return detail::PosixScratchFile::create(dir, stem, bytes);
+  }
+  std::unique_ptr<BatchIo> new_batch_io(BatchIoPath path) override { return detail::make_posix_batch_io(path); }
 };
 
 }  // namespace

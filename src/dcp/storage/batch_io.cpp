@@ -1,5 +1,6 @@
-#include "optim/swap_file_io.h"
+#include "dcp/storage/batch_io.h"
 
+#include "dcp/storage/scratch_file.h"
 #include "util/errno_error.h"
 
 #include <stowage/error.h>
@@ -17,12 +18,13 @@
 
 #include <unistd.h>
 
-namespace stowage::optim::detail {
+namespace stowage::dcp::detail {
 namespace {
 
 // One block of a request: what is left of it to move.
 struct Block {
   const IoRequest* request;
+  int fd;          // the request's file's (io_descriptor)
   int64_t offset;  // in the file
   char* data;
   int64_t bytes;
@@ -31,9 +33,10 @@ struct Block {
 std::vector<Block> split(const std::vector<IoRequest>& requests) {
   std::vector<Block> blocks;
   for (const IoRequest& request : requests) {
-    for (int64_t done = 0; done < request.bytes; done += SwapFileIo::kBlockBytes) {
-      const int64_t bytes = std::min(SwapFileIo::kBlockBytes, request.bytes - done);
-      blocks.push_back({&request, request.offset + done, request.data + done, bytes});
+    const int fd = io_descriptor(*request.file);
+    for (int64_t done = 0; done < request.length; done += BatchIo::kBlockBytes) {
+      const int64_t bytes = std::min(BatchIo::kBlockBytes, request.length - done);
+      blocks.push_back({&request, fd, request.offset + done, request.data + done, bytes});
     }
   }
   return blocks;
@@ -43,8 +46,12 @@ const char* operation_of(IoOp op) {
   return op == IoOp::kRead ? "read" : "write";
 }
 
+// The IoError of a read or write of `block` that failed with `error_number`.
 [[noreturn]] void throw_io_error(IoOp op, const Block& block, int error_number) {
-  throw_io_error(op, block.request->file, block.offset, block.bytes, error_number);
+  const std::string& path = block.request->file->path();
+  util::throw_errno(fmt::format("cannot {} {} bytes at offset {} of the scratch file '{}'", operation_of(op),
+                                block.bytes, block.offset, path),
+                    path, operation_of(op), error_number);
 }
 
 // The first failure of a call: its block and errno.
@@ -72,14 +79,14 @@ int advance(Block& block, int64_t result, IoOp op) {
   return 0;
 }
 
-class UringIo final : public SwapFileIo {
+class UringIo final : public BatchIo {
  public:
   explicit UringIo(io_uring ring) : ring_(ring) {}
   ~UringIo() override { io_uring_queue_exit(&ring_); }
   UringIo(const UringIo&) = delete;
   UringIo& operator=(const UringIo&) = delete;
 
-  SwapIoPath path() const override { return SwapIoPath::kIoUring; }
+  BatchIoPath path() const override { return BatchIoPath::kIoUring; }
 
   void run(IoOp op, const std::vector<IoRequest>& requests) override {
     std::vector<Block> blocks = split(requests);
@@ -129,15 +136,15 @@ class UringIo final : public SwapFileIo {
   // Prepares blocks[index]; the caller submits.
   void submit(IoOp op, const std::vector<Block>& blocks, size_t index) {
     if (broken_) {
-      util::throw_errno("Swap optimizer disk tier: the io_uring ring failed earlier and is no longer used", "",
-                        "io_uring_submit", EIO);
+      util::throw_errno("the io_uring ring of a batch I/O failed earlier and is no longer used", "", "io_uring_submit",
+                        EIO);
     }
     const Block& block = blocks[index];
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     if (op == IoOp::kRead) {
-      io_uring_prep_read(sqe, block.request->fd, block.data, static_cast<unsigned>(block.bytes), block.offset);
+      io_uring_prep_read(sqe, block.fd, block.data, static_cast<unsigned>(block.bytes), block.offset);
     } else {
-      io_uring_prep_write(sqe, block.request->fd, block.data, static_cast<unsigned>(block.bytes), block.offset);
+      io_uring_prep_write(sqe, block.fd, block.data, static_cast<unsigned>(block.bytes), block.offset);
     }
     io_uring_sqe_set_data64(sqe, index);
   }
@@ -146,7 +153,7 @@ class UringIo final : public SwapFileIo {
   bool broken_ = false;
 };
 
-class ThreadIo final : public SwapFileIo {
+class ThreadIo final : public BatchIo {
  public:
   ThreadIo() {
     for (int i = 0; i < kQueueDepth; ++i) workers_.emplace_back([this] { work(); });
@@ -162,7 +169,7 @@ class ThreadIo final : public SwapFileIo {
   ThreadIo(const ThreadIo&) = delete;
   ThreadIo& operator=(const ThreadIo&) = delete;
 
-  SwapIoPath path() const override { return SwapIoPath::kThreads; }
+  BatchIoPath path() const override { return BatchIoPath::kThreads; }
 
   void run(IoOp op, const std::vector<IoRequest>& requests) override {
     std::vector<Block> blocks = split(requests);
@@ -196,9 +203,9 @@ class ThreadIo final : public SwapFileIo {
 
   static int transfer(IoOp op, Block& block) {
     while (block.bytes > 0) {
-      const ssize_t result =
-          op == IoOp::kRead ? ::pread(block.request->fd, block.data, static_cast<size_t>(block.bytes), block.offset)
-                            : ::pwrite(block.request->fd, block.data, static_cast<size_t>(block.bytes), block.offset);
+      const ssize_t result = op == IoOp::kRead
+                                 ? ::pread(block.fd, block.data, static_cast<size_t>(block.bytes), block.offset)
+                                 : ::pwrite(block.fd, block.data, static_cast<size_t>(block.bytes), block.offset);
       if (result < 0 && errno == EINTR) continue;
       if (const int error = advance(block, result < 0 ? -errno : result, op); error != 0) return error;
     }
@@ -218,24 +225,17 @@ class ThreadIo final : public SwapFileIo {
 
 }  // namespace
 
-void throw_io_error(IoOp op, const std::string& file, int64_t offset, int64_t bytes, int error_number) {
-  util::throw_errno(fmt::format("Swap optimizer disk tier: cannot {} {} bytes at offset {} of the scratch file '{}'",
-                                operation_of(op), bytes, offset, file),
-                    file, operation_of(op), error_number);
-}
-
-std::unique_ptr<SwapFileIo> make_swap_file_io(SwapIoPath path) {
-  if (path != SwapIoPath::kThreads) {
+std::unique_ptr<BatchIo> make_posix_batch_io(BatchIoPath path) {
+  if (path != BatchIoPath::kThreads) {
     io_uring ring{};
-    const int result = io_uring_queue_init(SwapFileIo::kQueueDepth, &ring, 0);
+    const int result = io_uring_queue_init(BatchIo::kQueueDepth, &ring, 0);
     if (result == 0) return std::make_unique<UringIo>(ring);
-    if (path == SwapIoPath::kIoUring) {
-      util::throw_errno(
-          "Swap optimizer disk tier: the kernel refused an io_uring ring (use SwapIoPath::kThreads or kAuto)", "",
-          "io_uring_queue_init", -result);
+    if (path == BatchIoPath::kIoUring) {
+      util::throw_errno("the kernel refused an io_uring ring (use BatchIoPath::kThreads or kAuto)", "",
+                        "io_uring_queue_init", -result);
     }
   }
   return std::make_unique<ThreadIo>();
 }
 
-}  // namespace stowage::optim::detail
+}  // namespace stowage::dcp::detail
