@@ -93,7 +93,9 @@ class UringIo final : public BatchIo {
     size_t next = 0;
     int in_flight = 0;
     Failure failure;
-    while (in_flight > 0 || (next < blocks.size() && !failure.failed)) {
+    // Prepared and not yet submitted counts too: the rest of a short transfer of the last
+    // block in flight must still go out in this call.
+    while (in_flight > 0 || io_uring_sq_ready(&ring_) > 0 || (next < blocks.size() && !failure.failed)) {
       // Prepared and not yet submitted: the rest of a short transfer, from the last turn.
       int prepared = static_cast<int>(io_uring_sq_ready(&ring_));
       for (; in_flight + prepared < kQueueDepth && next < blocks.size() && !failure.failed; ++prepared) {
