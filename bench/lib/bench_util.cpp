@@ -33,6 +33,24 @@ double median(std::vector<double> values) {
   return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
+RoundRobinStep clocked_step(std::function<void()> step, c10::Device device) {
+  return {step, [step, device] { return seconds(step, device); }};
+}
+
+std::vector<double> median_seconds_in_rounds(const std::vector<RoundRobinStep>& configurations, int warmup_rounds,
+                                             int timed_rounds) {
+  for (int round = 0; round < warmup_rounds; ++round) {
+    for (const RoundRobinStep& configuration : configurations) configuration.step();
+  }
+  std::vector<std::vector<double>> times(configurations.size());
+  for (int round = 0; round < timed_rounds; ++round) {
+    for (size_t i = 0; i < configurations.size(); ++i) times[i].push_back(configurations[i].timed_step());
+  }
+  std::vector<double> medians;
+  for (std::vector<double>& configuration_times : times) medians.push_back(median(std::move(configuration_times)));
+  return medians;
+}
+
 std::string temp_directory() {
   const char* dir = std::getenv("TMPDIR");
   return dir != nullptr && *dir != '\0' ? dir : "/tmp";

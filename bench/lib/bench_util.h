@@ -27,6 +27,21 @@ double seconds(Fn&& fn, c10::Device device = c10::kCPU) {
 // The median of `values` (the mean of the middle two for an even count); not empty.
 double median(std::vector<double> values);
 
+// One configuration of a benchmark that steps several side by side (median_seconds_in_rounds).
+struct RoundRobinStep {
+  std::function<void()> step;          // untimed, to warm up
+  std::function<double()> timed_step;  // its seconds (it may measure more around them)
+};
+
+// A configuration whose timed step is `step` under seconds() on `device`.
+RoundRobinStep clocked_step(std::function<void()> step, c10::Device device);
+
+// Steps every configuration once a round, in order, `warmup_rounds` rounds untimed and then
+// `timed_rounds` timed, so that each configuration meets the same machine state (the same
+// other load, the same malloc heap): the median seconds of each configuration's timed steps.
+std::vector<double> median_seconds_in_rounds(const std::vector<RoundRobinStep>& configurations, int warmup_rounds,
+                                             int timed_rounds);
+
 // The system temporary directory ($TMPDIR, else /tmp).
 std::string temp_directory();
 

@@ -44,6 +44,22 @@ double copy_bound_seconds(c10::Device device, int64_t bytes) {
   return seconds([&] { move(bytes); }, device);
 }
 
+// A swap optimizer's steps, each timed one measuring the device memory it takes into `run`.
+RoundRobinStep measured_step(optim::SwapOptimizer& swap, SwapRun& run, c10::Device device) {
+  const auto step = [&swap] { swap.step(); };
+  return {step, [step, &run, device] {
+            // What is allocated now holds this optimizer's resident state and everything else.
+            const int64_t before = memory::memory_allocated(device);
+            memory::reset_peak_memory_stats(device);
+            const double step_seconds = seconds(step, device);
+            run.peak_resident_during_step_bytes =
+                std::max(run.peak_resident_during_step_bytes,
+                         memory::max_memory_allocated(device) - before + run.resident_between_steps_bytes);
+            run.resident_between_steps_bytes += memory::memory_allocated(device) - before;
+            return step_seconds;
+          }};
+}
+
 }  // namespace
 
 SwapBenchResult run_swap_bench(const SwapBenchOptions& options) {
@@ -95,29 +111,12 @@ SwapBenchResult run_swap_bench(const SwapBenchOptions& options) {
     run.resident_between_steps_bytes = memory::memory_allocated(device) - before;
     result.runs.push_back(run);
   }
-  for (int s = 0; s < options.warmup_steps; ++s) {
-    plain->step();
-    for (auto& swap : swaps) swap->step();
-  }
-  std::vector<double> plain_times;
-  std::vector<std::vector<double>> swap_times(swaps.size());
-  for (int s = 0; s < options.steps; ++s) {
-    plain_times.push_back(seconds([&] { plain->step(); }, device));
-    for (size_t i = 0; i < swaps.size(); ++i) {
-      SwapRun& run = result.runs[i];
-      // What is allocated now holds this optimizer's resident state and everything else.
-      const int64_t before = memory::memory_allocated(device);
-      memory::reset_peak_memory_stats(device);
-      swap_times[i].push_back(seconds([&] { swaps[i]->step(); }, device));
-      run.peak_resident_during_step_bytes =
-          std::max(run.peak_resident_during_step_bytes,
-                   memory::max_memory_allocated(device) - before + run.resident_between_steps_bytes);
-      run.resident_between_steps_bytes += memory::memory_allocated(device) - before;
-    }
-  }
-  result.plain_step_s = median(plain_times);
+  std::vector<RoundRobinStep> configurations = {clocked_step([&] { plain->step(); }, device)};
+  for (size_t i = 0; i < swaps.size(); ++i) configurations.push_back(measured_step(*swaps[i], result.runs[i], device));
+  const std::vector<double> medians = median_seconds_in_rounds(configurations, options.warmup_steps, options.steps);
+  result.plain_step_s = medians[0];
   result.copy_bound_s = copy_bound_seconds(device, result.plain_state_bytes);
-  for (size_t i = 0; i < swaps.size(); ++i) result.runs[i].step_s = median(swap_times[i]);
+  for (size_t i = 0; i < swaps.size(); ++i) result.runs[i].step_s = medians[i + 1];
   plain.reset();
   swaps.clear();
   memory::set_cpu_cache_limit(0);

@@ -97,23 +97,14 @@ SwapDiskBenchResult run_swap_disk_bench(const SwapDiskBenchOptions& options) {
     swaps.back()->step();  // lays the states out in the files
     result.runs.push_back({swap_times, 0, 0, memory::memory_allocated(options.device) - before});
   }
-  for (int s = 0; s < options.warmup_steps; ++s) {
-    plain->step();
-    for (auto& swap : swaps) swap->step();
-  }
-  std::vector<double> plain_times;
-  std::vector<std::vector<double>> swap_times(swaps.size());
-  for (int s = 0; s < options.steps; ++s) {
-    plain_times.push_back(seconds([&] { plain->step(); }, options.device));
-    for (size_t i = 0; i < swaps.size(); ++i) {
-      swap_times[i].push_back(seconds([&] { swaps[i]->step(); }, options.device));
-    }
-  }
-  result.plain_step_s = median(plain_times);
+  std::vector<RoundRobinStep> configurations = {clocked_step([&] { plain->step(); }, options.device)};
+  for (auto& swap : swaps) configurations.push_back(clocked_step([&swap] { swap->step(); }, options.device));
+  const std::vector<double> medians = median_seconds_in_rounds(configurations, options.warmup_steps, options.steps);
+  result.plain_step_s = medians[0];
   plain.reset();
   for (size_t i = 0; i < swaps.size(); ++i) {
     const optim::DiskTierStats stats = swaps[i]->disk_stats();
-    result.runs[i].step_s = median(swap_times[i]);
+    result.runs[i].step_s = medians[i + 1];
     result.runs[i].peak_host_tier_bytes = stats.peak_host_bytes;
     result.io_path = optim::io_path_name(stats.io_path);
     result.direct_io = stats.direct_io;
