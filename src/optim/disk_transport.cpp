@@ -140,9 +140,9 @@ int64_t state_bytes(const at::Tensor& state) {
 // at an aligned offset, so that states adjacent in their file are adjacent in the buffer.
 BatchPlan plan_batch(const std::vector<Unit>& units, const Batches& batches, int64_t b,
                      std::map<std::pair<size_t, int>, Placement>& placements) {
-  std::map<c10::ScalarType, std::vector<std::pair<size_t, const UnitSlot*>>> by_dtype;
+  std::map<c10::ScalarType, std::vector<std::pair<size_t, const StateTensor*>>> by_dtype;
   for (size_t u = batches.begin(b); u < batches.end(b); ++u) {
-    for (const UnitSlot& slot : units[u].slots) {
+    for (const StateTensor& slot : units[u].state.tensors) {
       if (slot.swapped) by_dtype[slot.holder->scalar_type()].emplace_back(u, &slot);
     }
   }
@@ -152,7 +152,7 @@ BatchPlan plan_batch(const std::vector<Unit>& units, const Batches& batches, int
     region.begin = plan.bytes;
     int64_t next_file_byte = -1;
     for (const auto& [u, slot] : states) {
-      const int64_t file_byte = slot->host_offset * static_cast<int64_t>(c10::elementSize(dtype));
+      const int64_t file_byte = host_offset(*slot) * static_cast<int64_t>(c10::elementSize(dtype));
       const int64_t bytes = align_up(state_bytes(*slot->holder), kDiskAlignmentBytes);
       if (file_byte == next_file_byte) {
         plan.runs.back().bytes += bytes;
@@ -206,16 +206,16 @@ class DiskTransport final : public SwapTransport {
       }
       return;
     }
-    for_each_state(b, [&](size_t u, const UnitSlot& slot) {
+    for_each_state(b, [&](size_t u, const StateTensor& slot) {
       staged_[b][{u, slot.slot}] = at::empty_like(*slot.holder, slot.holder->options().device(device_));
     });
     engine_.wait(CopyLane::kHostToDevice, engine_.record_compute());  // allocated on the compute side
-    for_each_state(b, [&](size_t u, const UnitSlot& slot) {
+    for_each_state(b, [&](size_t u, const StateTensor& slot) {
       engine_.copy(CopyLane::kHostToDevice, staged_[b].at({u, slot.slot}), buffer_state(b, u, slot));
     });
   }
 
-  at::Tensor device_state(int64_t b, size_t u, const UnitSlot& slot) override {
+  at::Tensor device_state(int64_t b, size_t u, const StateTensor& slot) override {
     if (!packed_) return staged_[b].at({u, slot.slot});
     const Placement& at = placements_.at({u, slot.slot});
     const int64_t element = static_cast<int64_t>(c10::elementSize(at.dtype));
@@ -230,7 +230,7 @@ class DiskTransport final : public SwapTransport {
         engine_.copy(CopyLane::kDeviceToHost, buffer_region(b, dtype), arena_view(b, dtype));
       }
     } else {
-      for_each_state(b, [&](size_t u, const UnitSlot& slot) {
+      for_each_state(b, [&](size_t u, const StateTensor& slot) {
         engine_.copy(CopyLane::kDeviceToHost, buffer_state(b, u, slot), staged_[b].at({u, slot.slot}));
       });
     }
@@ -254,7 +254,7 @@ class DiskTransport final : public SwapTransport {
 
   int64_t release_delay() const override { return packed_ ? 0 : 1; }
 
-  at::Tensor keep_on_device(int64_t b, size_t u, const UnitSlot& slot) override {
+  at::Tensor keep_on_device(int64_t b, size_t u, const StateTensor& slot) override {
     // Once downloaded, the buffer holds the batch (nothing is read into it after a write
     // that did not succeed), while the arena may hold batch b + 2 already.
     if (copies_succeeded(engine_, downloaded_[b]))
@@ -296,7 +296,7 @@ class DiskTransport final : public SwapTransport {
     return tier_.buffers[b % tier_.buffer_count].narrow(0, region.begin, region.end - region.begin).view(dtype);
   }
 
-  at::Tensor buffer_state(int64_t b, size_t u, const UnitSlot& slot) const {
+  at::Tensor buffer_state(int64_t b, size_t u, const StateTensor& slot) const {
     const Placement& at = placements_.at({u, slot.slot});
     return tier_.buffers[b % tier_.buffer_count]
         .narrow(0, at.buffer_byte, state_bytes(*slot.holder))
@@ -332,7 +332,7 @@ class DiskTransport final : public SwapTransport {
   template <typename Visit>
   void for_each_state(int64_t b, Visit visit) {
     for (size_t u = batches_.begin(b); u < batches_.end(b); ++u) {
-      for (const UnitSlot& slot : units_[u].slots) {
+      for (const StateTensor& slot : units_[u].state.tensors) {
         if (slot.swapped) visit(u, slot);
       }
     }

@@ -41,11 +41,11 @@ class PackedTransport final : public SwapTransport {
     }
   }
 
-  at::Tensor device_state(int64_t b, size_t, const UnitSlot& slot) override {
-    const c10::ScalarType dtype = slot.holder->scalar_type();
+  at::Tensor device_state(int64_t b, size_t, const StateTensor& tensor) override {
+    const c10::ScalarType dtype = tensor.holder->scalar_type();
     return arena_view(b, dtype)
-        .narrow(0, slot.host_offset - ranges_[b].at(dtype).start, slot.holder->numel())
-        .view(slot.holder->sizes());
+        .narrow(0, host_offset(tensor) - ranges_[b].at(dtype).start, tensor.holder->numel())
+        .view(tensor.holder->sizes());
   }
 
   void download(int64_t b) override {
@@ -58,8 +58,8 @@ class PackedTransport final : public SwapTransport {
 
   int64_t release_delay() const override { return 0; }
 
-  at::Tensor keep_on_device(int64_t b, size_t u, const UnitSlot& slot) override {
-    return device_state(b, u, slot).clone();
+  at::Tensor keep_on_device(int64_t b, size_t u, const StateTensor& tensor) override {
+    return device_state(b, u, tensor).clone();
   }
 
  private:
@@ -69,18 +69,18 @@ class PackedTransport final : public SwapTransport {
   };
 
   void add_to_range(int64_t b, const Unit& unit) {
-    for (const UnitSlot& slot : unit.slots) {
-      if (!slot.swapped) continue;
-      const c10::ScalarType dtype = slot.holder->scalar_type();
-      const int64_t element = slot.holder->element_size();
-      auto [it, first] = ranges_[b].try_emplace(dtype, Range{slot.host_offset, slot.host_offset});
-      if (!first && slot.host_offset != align_up(it->second.end, kAlignmentBytes / element)) {
+    for (const StateTensor& tensor : unit.state.tensors) {
+      if (!tensor.swapped) continue;
+      const c10::ScalarType dtype = tensor.holder->scalar_type();
+      const int64_t element = tensor.holder->element_size();
+      auto [it, first] = ranges_[b].try_emplace(dtype, Range{host_offset(tensor), host_offset(tensor)});
+      if (!first && host_offset(tensor) != align_up(it->second.end, kAlignmentBytes / element)) {
         throw Error(
             fmt::format("Packed optimizer batch {} has a non-contiguous {} host range at state '{}' of "
                         "parameter {}.",
-                        b, c10::toString(dtype), slot_name(slot.slot), unit.index));
+                        b, c10::toString(dtype), slot_name(tensor.slot), unit.index));
       }
-      it->second.end = slot.host_offset + slot.holder->numel();
+      it->second.end = host_offset(tensor) + tensor.holder->numel();
     }
   }
 

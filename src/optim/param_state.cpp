@@ -41,18 +41,27 @@ bool has_slot(const OptimizerAdapter& adapter, int slot) {
   return std::find(keys.begin(), keys.end(), slot_name(slot)) != keys.end();
 }
 
-ParamStateRef state_ref(const OptimizerAdapter& adapter, torch::optim::OptimizerParamState& state) {
+at::Tensor* ParamState::holder(int slot) const {
+  for (const StateTensor& tensor : tensors) {
+    if (tensor.slot == slot) return tensor.holder;
+  }
+  return nullptr;
+}
+
+ParamState param_state(const OptimizerAdapter& adapter, torch::optim::OptimizerParamState& state) {
   const ParamStateFields fields = adapter.fields(state);
   const std::vector<std::string>& keys = adapter.tensor_keys();
-  ParamStateRef ref;
-  ref.step = fields.step;
+  ParamState param_state;
+  param_state.step = fields.step;
   for (size_t i = 0; i < keys.size(); ++i) {
     const int slot = slot_of(keys[i]);
     // swap_target_of admits only adapters whose every state has a slot.
     TORCH_INTERNAL_ASSERT(slot >= 0, adapter.name(), " has a state '", keys[i], "' the swap optimizer has no slot for");
-    ref.tensors[slot] = fields.tensors[i];
+    param_state.tensors.push_back({slot, fields.tensors[i]});
   }
-  return ref;
+  std::sort(param_state.tensors.begin(), param_state.tensors.end(),
+            [](const StateTensor& a, const StateTensor& b) { return a.slot < b.slot; });
+  return param_state;
 }
 
 }  // namespace stowage::optim::detail

@@ -10,10 +10,10 @@
 
 #include <torch/optim/optimizer.h>
 
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace stowage::optim::detail {
 
@@ -40,11 +40,26 @@ int slot_of(const std::string& name);
 // Whether the optimizer keeps this state at all.
 bool has_slot(const OptimizerAdapter& adapter, int slot);
 
-// References into one parameter's state object.
-struct ParamStateRef {
-  int64_t* step = nullptr;
-  std::array<at::Tensor*, kSlotCount> tensors{};  // null where the optimizer has no such state
+// One state tensor of a parameter (its exp_avg, exp_avg_sq, max_exp_avg_sq or master
+// weight): the one shape the swap gives it, from the wrapped optimizer's state object
+// through the step's batches to the host layout.
+struct StateTensor {
+  int slot = 0;                  // StateSlot
+  at::Tensor* holder = nullptr;  // the tensor inside the wrapped optimizer's state object
+  // Whether *holder is its host tensor in the swap's host layout (set against the layout;
+  // false as param_state() reads it).
+  bool swapped = false;
 };
-ParamStateRef state_ref(const OptimizerAdapter& adapter, torch::optim::OptimizerParamState& state);
+
+// One parameter's state object, as the swap reads and writes it.
+struct ParamState {
+  int64_t* step = nullptr;
+  std::vector<StateTensor> tensors;  // the states the optimizer keeps, in slot order
+
+  // The tensor of `slot` in the state object, or null where the optimizer keeps no such state.
+  at::Tensor* holder(int slot) const;
+};
+// References into `state`, an object of the type adapter.new_state() makes.
+ParamState param_state(const OptimizerAdapter& adapter, torch::optim::OptimizerParamState& state);
 
 }  // namespace stowage::optim::detail

@@ -22,8 +22,10 @@ class PerTensorTransport final : public SwapTransport {
     for (size_t u = batches_.begin(b); u < batches_.end(b); ++u) {
       auto& tensors = staged[u - batches_.begin(b)];
       tensors.resize(kSlotCount);
-      for (const UnitSlot& slot : units_[u].slots) {
-        if (slot.swapped) tensors[slot.slot] = at::empty_like(*slot.holder, slot.holder->options().device(device_));
+      for (const StateTensor& tensor : units_[u].state.tensors) {
+        if (tensor.swapped) {
+          tensors[tensor.slot] = at::empty_like(*tensor.holder, tensor.holder->options().device(device_));
+        }
       }
     }
     engine_.wait(CopyLane::kHostToDevice, engine_.record_compute());  // allocated on the compute side
@@ -32,8 +34,8 @@ class PerTensorTransport final : public SwapTransport {
     });
   }
 
-  at::Tensor device_state(int64_t b, size_t u, const UnitSlot& slot) override {
-    return staged_[b][u - batches_.begin(b)][slot.slot];
+  at::Tensor device_state(int64_t b, size_t u, const StateTensor& tensor) override {
+    return staged_[b][u - batches_.begin(b)][tensor.slot];
   }
 
   void download(int64_t b) override {
@@ -49,14 +51,16 @@ class PerTensorTransport final : public SwapTransport {
 
   int64_t release_delay() const override { return 1; }
 
-  at::Tensor keep_on_device(int64_t b, size_t u, const UnitSlot& slot) override { return device_state(b, u, slot); }
+  at::Tensor keep_on_device(int64_t b, size_t u, const StateTensor& tensor) override {
+    return device_state(b, u, tensor);
+  }
 
  private:
   template <typename Visit>
   void for_each_swapped(int64_t b, Visit visit) {
     for (size_t u = batches_.begin(b); u < batches_.end(b); ++u) {
-      for (const UnitSlot& slot : units_[u].slots) {
-        if (slot.swapped) visit(staged_[b][u - batches_.begin(b)][slot.slot], *slot.holder);
+      for (const StateTensor& tensor : units_[u].state.tensors) {
+        if (tensor.swapped) visit(staged_[b][u - batches_.begin(b)][tensor.slot], *tensor.holder);
       }
     }
   }

@@ -2,11 +2,12 @@
 
 // Types shared by the swap optimizer's translation units.
 
-#include <stowage/optim/swap_optimizer.h>
-
 #include <stowage/dcp/env.h>
 #include <stowage/optim/swap_env.h>
+#include <stowage/optim/swap_optimizer.h>
+#include <stowage/state/optimizer_layout.h>
 
+#include "optim/host_layout.h"
 #include "optim/param_state.h"
 
 #include <ATen/core/Tensor.h>
@@ -37,62 +38,13 @@ inline std::string describe(const at::Tensor& t) {
   return fmt::format("{} [{}]", c10::toString(t.scalar_type()), fmt::join(t.sizes(), ", "));
 }
 
-// One state tensor of a parameter.
-struct UnitSlot {
-  int slot;                 // StateSlot
-  at::Tensor* holder;       // the tensor inside the wrapped optimizer's state object
-  bool swapped = false;     // lives in the host layout
-  int64_t host_offset = 0;  // packed mode: element offset in its dtype's host buffer
-};
-
 // A parameter that has optimizer state, with everything step() needs about it.
 struct Unit {
   int64_t index = 0;  // the parameter's number across groups (its checkpoint id)
   size_t group = 0;
   at::Tensor param;
   bool has_grad = false;
-  ParamStateRef state;
-  std::vector<UnitSlot> slots;
-};
-
-// Where a state's host copy comes from when the host layout is (re)built.
-enum class Source {
-  kZeros,       // a state created for the first step
-  kHostCopy,    // a CPU tensor (the old host layout, a checkpoint), copied on the CPU
-  kDeviceCopy,  // a tensor on the device, downloaded through the copy engine
-};
-
-struct SlotRequest {
-  const c10::TensorImpl* param = nullptr;
-  int slot = 0;
-  at::Tensor* holder = nullptr;
-  std::vector<int64_t> shape;
-  c10::ScalarType dtype = at::kFloat;
-  Source source = Source::kZeros;
-  at::Tensor from;
-  bool in_place = false;  // already this slot's entry of the current host layout
-};
-
-// Where each swapped state lives between steps. Invariant: each entry's holder is its
-// `host` view, and entries are in parameter order, then slot order. On the disk tier the
-// buffers are mappings of the scratch files, one per dtype, so the holders are views of
-// the files and nothing of them needs to be in memory.
-struct HostLayout {
-  struct Entry {
-    const c10::TensorImpl* param;
-    int slot;
-    at::Tensor host;
-    int64_t offset;  // packed mode: element offset in buffers[dtype]
-  };
-  std::vector<Entry> entries;
-  std::map<std::pair<const c10::TensorImpl*, int>, size_t> index;
-  std::map<c10::ScalarType, at::Tensor> buffers;                       // packed mode and disk tier: one per dtype
-  std::map<c10::ScalarType, std::shared_ptr<dcp::ScratchFile>> files;  // disk tier: the buffers' files
-
-  const Entry* find(const c10::TensorImpl* param, int slot) const {
-    const auto it = index.find({param, slot});
-    return it == index.end() ? nullptr : &entries[it->second];
-  }
+  ParamState state;  // its tensors' `swapped` set against the host layout
 };
 
 struct DiskTier;
@@ -115,6 +67,11 @@ struct SwapOptimizer::Rep {
   StateDict state_dict();
   void load_state_dict(const StateDict& state);
   void check_load_state_dict(const StateDict& state);
+  // The state object that `item` loads for `param`, with the tensors that stay unswapped
+  // set; appends where its swapped ones come from to `placements`.
+  std::unique_ptr<torch::optim::OptimizerParamState> loaded_state(
+      const OptimizerLayout::Entry& item, const at::Tensor& param,
+      std::vector<detail::StatePlacement>& placements) const;
 
   // Throws InvalidArgument if the wrapped optimizer's param groups hold a parameter twice
   // or one on another device than device_, or if max_exp_avg_sq is to be swapped while
@@ -135,14 +92,25 @@ struct SwapOptimizer::Rep {
   // the parameter for a master weight) and never take device memory between steps. If
   // the layout cannot be built, the new states are removed again.
   void create_first_step_states();
-  // The parameters that have state, in group order, with their slots bound to the layout.
+  // The parameters that have state, in group order, their state tensors bound to the
+  // host layout.
   std::vector<detail::Unit> collect_units();
-  void ensure_host_layout(std::vector<detail::SlotRequest> requests);
-  std::vector<detail::SlotRequest> requests_for(std::vector<detail::Unit>& units,
-                                                const std::vector<std::pair<const void*, int>>& pending);
+  // Which state tensors of `units` belong in the host layout, and where their contents come
+  // from. `pending` lists the (parameter, slot) pairs created for this step that are to be
+  // swapped: their holders are still undefined.
+  std::vector<detail::StatePlacement> placements_for(const std::vector<detail::Unit>& units,
+                                                     const std::vector<std::pair<const void*, int>>& pending) const;
+  // Makes the host layout hold exactly `placements` (in parameter, then slot order) and
+  // points their holders at their host tensors; a failure changes nothing.
+  void ensure_host_layout(const std::vector<detail::StatePlacement>& placements);
+  // ensure_host_layout's parts: the new layout's buffers and a host tensor per placement;
+  // the copies of their contents, done once this returns.
+  std::vector<at::Tensor> allocate_host_tensors(const std::vector<detail::StatePlacement>& placements,
+                                                detail::HostLayout& fresh);
+  void fill_host_tensors(const std::vector<detail::StatePlacement>& placements, std::vector<at::Tensor>& hosts);
   // Adam's update of one parameter that has a gradient; its swapped states are
-  // `swapped_state(slot)` (device copies), the others its own.
-  void update_unit(detail::Unit& unit, const std::function<at::Tensor(const detail::UnitSlot&)>& swapped_state);
+  // `swapped_state(tensor)` (device copies), the others its own.
+  void update_unit(detail::Unit& unit, const std::function<at::Tensor(const detail::StateTensor&)>& swapped_state);
   // The disk tier's batches (their sizes in units, as partition_by_cost gives them):
   // swap_times, or as many more as it takes for each to fit one host buffer of
   // host_budget_bytes / buffer_count; sizes the tier's buffers. Throws InvalidArgument for

@@ -1,5 +1,4 @@
 #include <stowage/error.h>
-#include <stowage/memory/host_buffer.h>
 #include <stowage/optim/partition.h>
 #include <stowage/optim/swap_optimizer.h>
 #include <stowage/state/optimizer_adapter.h>
@@ -26,10 +25,8 @@ namespace stowage::optim {
 
 using detail::describe;
 using detail::Family;
-using detail::SlotRequest;
-using detail::Source;
+using detail::StateTensor;
 using detail::Unit;
-using detail::UnitSlot;
 using memory::CopyEvent;
 using memory::CopyLane;
 
@@ -108,7 +105,7 @@ SwapOptimizer::Rep::Rep(std::shared_ptr<torch::optim::Optimizer> optimizer, Swap
       throw InvalidArgument(fmt::format("SwapOptimizerConfig.swap_dir '{}' is not a directory{}", config_.swap_dir(),
                                         error ? ": " + error.message() : std::string()));
     }
-    disk_ = std::make_unique<detail::DiskTier>(config_.file_env(), config_.io_path(), config_.buffer_count());
+    disk_ = std::make_unique<detail::DiskTier>(env_, config_.io_path(), config_.buffer_count());
     disk_->stats.io_path = disk_->io->path();
   }
   engine_ = std::make_unique<memory::CopyEngine>(device_, env_);
@@ -118,7 +115,7 @@ SwapOptimizer::Rep::Rep(std::shared_ptr<torch::optim::Optimizer> optimizer, Swap
   // during the forward and backward pass. Blocking here, once, means that when the wrapper
   // is returned that memory is free and the host copies are complete.
   std::vector<Unit> units = collect_units();
-  ensure_host_layout(requests_for(units, {}));
+  ensure_host_layout(placements_for(units, {}));
   engine_->synchronize(host_ready_);
   record_steps();
 }
@@ -246,7 +243,7 @@ void SwapOptimizer::Rep::check_steps_are_the_wrappers() const {
     for (size_t p = 0; p < params.size(); ++p) {
       torch::optim::OptimizerParamState* state = detail::find_state(states, params[p]);
       if (state == nullptr) continue;
-      const int64_t step = *detail::state_ref(*adapter_, *state).step;
+      const int64_t step = *detail::param_state(*adapter_, *state).step;
       const auto recorded = recorded_steps_.find(params[p].unsafeGetTensorImpl());
       const int64_t left = recorded == recorded_steps_.end() ? 0 : recorded->second;
       if (step == left) continue;
@@ -268,189 +265,8 @@ void SwapOptimizer::Rep::record_steps() {
   for (const auto& group : optimizer_->param_groups()) {
     for (const at::Tensor& param : group.params()) {
       if (torch::optim::OptimizerParamState* state = detail::find_state(states, param)) {
-        recorded_steps_[param.unsafeGetTensorImpl()] = *detail::state_ref(*adapter_, *state).step;
+        recorded_steps_[param.unsafeGetTensorImpl()] = *detail::param_state(*adapter_, *state).step;
       }
-    }
-  }
-}
-
-// ------------------------------------------------------------------ host layout
-
-int64_t SwapOptimizer::Rep::resident_state_bytes() {
-  int64_t bytes = 0;
-  for (const Unit& unit : collect_units()) {
-    for (const UnitSlot& slot : unit.slots) {
-      if (!slot.swapped && slot.holder->defined()) bytes += nbytes(*slot.holder);
-    }
-  }
-  return bytes;
-}
-
-std::vector<Unit> SwapOptimizer::Rep::collect_units() {
-  auto& states = optimizer_->state();
-  std::vector<Unit> units;
-  int64_t index = 0;
-  const auto& groups = optimizer_->param_groups();
-  for (size_t g = 0; g < groups.size(); ++g) {
-    for (const at::Tensor& param : groups[g].params()) {
-      torch::optim::OptimizerParamState* state = detail::find_state(states, param);
-      const int64_t this_index = index++;
-      if (state == nullptr) continue;
-      Unit unit;
-      unit.index = this_index;
-      unit.group = g;
-      unit.param = param;
-      unit.has_grad = param.grad().defined();
-      unit.state = detail::state_ref(*adapter_, *state);
-      for (int slot = 0; slot < detail::kSlotCount; ++slot) {
-        at::Tensor* holder = unit.state.tensors[slot];
-        if (holder == nullptr) continue;
-        UnitSlot entry{slot, holder};
-        if (const detail::HostLayout::Entry* e = layout_->find(param.unsafeGetTensorImpl(), slot);
-            e != nullptr && holder->defined() && holder->is_same(e->host)) {
-          entry.swapped = true;
-          entry.host_offset = e->offset;
-        }
-        unit.slots.push_back(entry);
-      }
-      units.push_back(std::move(unit));
-    }
-  }
-  return units;
-}
-
-// Which state tensors belong in the host layout, and where their contents come from.
-// `pending` lists the (parameter, slot) pairs created for this step that are to be
-// swapped: their holders are still undefined.
-std::vector<SlotRequest> SwapOptimizer::Rep::requests_for(std::vector<Unit>& units,
-                                                          const std::vector<std::pair<const void*, int>>& pending) {
-  const int64_t min_numel = config_.min_numel();
-  auto owns_whole_storage = [](const at::Tensor& t) {
-    return t.layout() == at::kStrided && t.is_contiguous() && t.storage_offset() == 0 &&
-           static_cast<int64_t>(t.storage().nbytes()) == nbytes(t);
-  };
-  std::vector<SlotRequest> requests;
-  for (Unit& unit : units) {
-    const c10::TensorImpl* impl = unit.param.unsafeGetTensorImpl();
-    for (UnitSlot& slot : unit.slots) {
-      SlotRequest request;
-      request.param = impl;
-      request.slot = slot.slot;
-      request.holder = slot.holder;
-      const bool is_pending = std::find(pending.begin(), pending.end(),
-                                        std::make_pair(static_cast<const void*>(impl), slot.slot)) != pending.end();
-      if (is_pending) {
-        request.shape = unit.param.sizes().vec();
-        request.dtype = adapter_->state_dtype(unit.param);
-        if (slot.slot == detail::kMasterParamSlot) {
-          request.source = Source::kDeviceCopy;
-          request.from = unit.param.detach();
-        }
-      } else if (slot.swapped) {
-        request.shape = slot.holder->sizes().vec();
-        request.dtype = slot.holder->scalar_type();
-        request.source = Source::kHostCopy;
-        request.from = *slot.holder;
-        request.in_place = true;
-      } else {
-        const at::Tensor& t = *slot.holder;
-        const bool swappable = t.defined() && swapped_slot_[slot.slot] && at::isFloatingType(t.scalar_type()) &&
-                               t.numel() >= min_numel && owns_whole_storage(t) && (t.device() == device_ || t.is_cpu());
-        if (!swappable) continue;  // stays where it is
-        request.shape = t.sizes().vec();
-        request.dtype = t.scalar_type();
-        request.source = t.device() == device_ ? Source::kDeviceCopy : Source::kHostCopy;
-        request.from = t;
-      }
-      requests.push_back(std::move(request));
-    }
-  }
-  return requests;
-}
-
-void SwapOptimizer::Rep::ensure_host_layout(std::vector<SlotRequest> requests) {
-  const bool unchanged = requests.size() == layout_->entries.size() &&
-                         std::all_of(requests.begin(), requests.end(), [](const SlotRequest& r) { return r.in_place; });
-  if (unchanged) return;
-
-  // The old host buffers are read on the CPU below: the downloads into them must be done.
-  engine_->synchronize(host_ready_);
-
-  // The disk tier keeps every state in its dtype's file, each at an offset O_DIRECT can
-  // read from, whether the batches then move packed or per tensor.
-  const bool packed = config_.packed_swap() || disk_;
-  const int64_t alignment = disk_ ? detail::kDiskAlignmentBytes : detail::kAlignmentBytes;
-  memory::HostAllocOptions host_options;
-  host_options.pin_memory = !device_.is_cpu();
-  host_options.pin_for = device_.type();
-  host_options.use = memory::HostBufferUse::kOptimizer;
-
-  auto fresh = std::make_unique<detail::HostLayout>();
-  std::vector<int64_t> offsets(requests.size(), 0);
-  if (packed) {
-    std::map<c10::ScalarType, int64_t> used;
-    for (size_t i = 0; i < requests.size(); ++i) {
-      const int64_t element = static_cast<int64_t>(c10::elementSize(requests[i].dtype));
-      int64_t& end = used[requests[i].dtype];
-      offsets[i] = detail::align_up(end, alignment / element);
-      end = offsets[i] + c10::multiply_integers(requests[i].shape);
-    }
-    for (const auto& [dtype, numel] : used) {
-      if (disk_) {
-        const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
-        fresh->files[dtype] = disk_->files->create_scratch_file(config_.swap_dir(), "stowage-optimizer-state", bytes);
-        fresh->buffers[dtype] = detail::map_scratch_file(fresh->files[dtype], dtype);
-      } else {
-        fresh->buffers[dtype] = memory::allocate_host({numel}, dtype, host_options);
-      }
-    }
-  }
-  // The holders change only once every copy has succeeded, so that a failure leaves the
-  // states where they were.
-  std::vector<at::Tensor> hosts;
-  bool downloads = false;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    SlotRequest& request = requests[i];
-    const int64_t numel = c10::multiply_integers(request.shape);
-    at::Tensor host = packed ? fresh->buffers[request.dtype].narrow(0, offsets[i], numel).view(request.shape)
-                             : memory::allocate_host(request.shape, request.dtype, host_options);
-    switch (request.source) {
-      case Source::kZeros:
-        if (!disk_) host.zero_();  // a new scratch file reads as zeros
-        break;
-      case Source::kHostCopy:
-        host.copy_(request.from);
-        break;
-      case Source::kDeviceCopy:
-        try {
-          engine_->copy(CopyLane::kDeviceToHost, host, request.from);
-        } catch (...) {
-          engine_->drain();
-          throw;
-        }
-        downloads = true;
-        break;
-    }
-    hosts.push_back(std::move(host));
-  }
-  if (downloads) {
-    // Blocking here (construction, a first step, a load, the step after a failed download)
-    // is what lets a failed download leave the states where they were.
-    if (const std::exception_ptr failure = engine_->drain()) std::rethrow_exception(failure);
-  }
-  for (size_t i = 0; i < requests.size(); ++i) {
-    *requests[i].holder = hosts[i];
-    fresh->index[{requests[i].param, requests[i].slot}] = fresh->entries.size();
-    fresh->entries.push_back({requests[i].param, requests[i].slot, hosts[i], offsets[i]});
-  }
-  layout_ = std::move(fresh);
-  host_ready_ = CopyEvent();  // the downloads, if any, are done
-  if (disk_) {
-    disk_->stats.file_bytes = 0;
-    disk_->stats.direct_io = !layout_->files.empty();
-    for (const auto& [dtype, file] : layout_->files) {
-      disk_->stats.file_bytes += file->size();
-      disk_->stats.direct_io = disk_->stats.direct_io && file->direct();
     }
   }
 }
@@ -482,7 +298,7 @@ void SwapOptimizer::Rep::check_gradients() const {
       }
       torch::optim::OptimizerParamState* state = detail::find_state(states, param);
       if (amsgrad && state != nullptr &&
-          !detail::state_ref(*adapter_, *state).tensors[detail::kMaxExpAvgSqSlot]->defined()) {
+          !detail::param_state(*adapter_, *state).holder(detail::kMaxExpAvgSqSlot)->defined()) {
         throw InvalidArgument(fmt::format(
             "Swap optimizer: param group {} has amsgrad on but parameter {} has no max_exp_avg_sq state (amsgrad was "
             "enabled after its state was created).",
@@ -502,16 +318,15 @@ void SwapOptimizer::Rep::create_first_step_states() {
     for (const at::Tensor& param : group.params()) {
       if (!param.grad().defined() || detail::find_state(states, param) != nullptr) continue;
       auto state = adapter_->new_state();
-      detail::ParamStateRef ref = detail::state_ref(*adapter_, *state);
       const c10::ScalarType dtype = adapter_->state_dtype(param);
-      for (int slot = 0; slot < detail::kSlotCount; ++slot) {
-        if (ref.tensors[slot] == nullptr || (slot == detail::kMaxExpAvgSqSlot && !amsgrad)) continue;
-        if (swapped_slot_[slot] && at::isFloatingType(dtype) && param.numel() >= config_.min_numel()) {
-          pending.emplace_back(param.unsafeGetTensorImpl(), slot);
-        } else if (slot == detail::kMasterParamSlot) {
-          *ref.tensors[slot] = param.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+      for (const StateTensor& tensor : detail::param_state(*adapter_, *state).tensors) {
+        if (tensor.slot == detail::kMaxExpAvgSqSlot && !amsgrad) continue;
+        if (swapped_slot_[tensor.slot] && at::isFloatingType(dtype) && param.numel() >= config_.min_numel()) {
+          pending.emplace_back(param.unsafeGetTensorImpl(), tensor.slot);
+        } else if (tensor.slot == detail::kMasterParamSlot) {
+          *tensor.holder = param.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
         } else {
-          *ref.tensors[slot] = at::zeros_like(param, param.options().dtype(dtype), at::MemoryFormat::Preserve);
+          *tensor.holder = at::zeros_like(param, param.options().dtype(dtype), at::MemoryFormat::Preserve);
         }
       }
       created.push_back(detail::state_key(states, param));
@@ -523,7 +338,7 @@ void SwapOptimizer::Rep::create_first_step_states() {
   }
   try {
     std::vector<Unit> units = collect_units();
-    ensure_host_layout(requests_for(units, pending));
+    ensure_host_layout(placements_for(units, pending));
   } catch (...) {
     for (const auto& key : created) states.erase(key);
     throw;
@@ -555,9 +370,9 @@ at::Tensor SwapOptimizer::Rep::step(const torch::optim::Optimizer::LossClosure& 
   std::vector<int64_t> costs;
   for (const Unit& unit : units) {
     int64_t bytes = 0;
-    for (const UnitSlot& slot : unit.slots) {
-      if (slot.swapped)
-        bytes += disk_ ? detail::align_up(nbytes(*slot.holder), detail::kDiskAlignmentBytes) : nbytes(*slot.holder);
+    for (const StateTensor& tensor : unit.state.tensors) {
+      if (tensor.swapped)
+        bytes += disk_ ? detail::align_up(nbytes(*tensor.holder), detail::kDiskAlignmentBytes) : nbytes(*tensor.holder);
     }
     costs.push_back(std::max<int64_t>(1, bytes));
   }
@@ -623,10 +438,12 @@ DiskTierStats SwapOptimizer::Rep::disk_stats() const {
 // Updates one parameter, or (on an exception) changes nothing: the update allocates
 // before it writes, and step() has checked its inputs. The step count moves only once the
 // update is done.
-void SwapOptimizer::Rep::update_unit(Unit& unit, const std::function<at::Tensor(const UnitSlot&)>& swapped_state) {
+void SwapOptimizer::Rep::update_unit(Unit& unit, const std::function<at::Tensor(const StateTensor&)>& swapped_state) {
   if (!unit.has_grad) return;
   std::vector<at::Tensor> tensors(detail::kSlotCount);
-  for (const UnitSlot& slot : unit.slots) tensors[slot.slot] = slot.swapped ? swapped_state(slot) : *slot.holder;
+  for (const StateTensor& tensor : unit.state.tensors) {
+    tensors[tensor.slot] = tensor.swapped ? swapped_state(tensor) : *tensor.holder;
+  }
   const auto& options = optimizer_->param_groups()[unit.group].options();
   const detail::AdamHyperParams hyper = detail::adam_hyper_params(options, family_ != Family::kAdam, fused_on_host_);
   env_->before_update(unit.index);

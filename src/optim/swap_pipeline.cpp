@@ -57,7 +57,7 @@ class Pipeline {
       for (int64_t b = 0; b < count; ++b) {
         if (!memory::sync_skipped(memory::SkippedSync::kUploadWait)) engine_.wait_compute(uploaded_[b]);
         for (size_t u = batches_.begin(b); u < batches_.end(b); ++u) {
-          update(units_[u], [&](const UnitSlot& slot) { return transport_.device_state(b, u, slot); });
+          update(units_[u], [&](const StateTensor& tensor) { return transport_.device_state(b, u, tensor); });
           processed_ = u + 1;
         }
         engine_.wait(CopyLane::kDeviceToHost, engine_.record_compute());
@@ -108,8 +108,8 @@ class Pipeline {
       } catch (...) {
         engine_.drain();
         for (size_t u = batches_.begin(b); u < batches_.end(b); ++u) {
-          for (const UnitSlot& slot : units_[u].slots) {
-            if (slot.swapped) *slot.holder = transport_.keep_on_device(b, u, slot);
+          for (const StateTensor& tensor : units_[u].state.tensors) {
+            if (tensor.swapped) *tensor.holder = transport_.keep_on_device(b, u, tensor);
           }
         }
         kept.push_back(b);

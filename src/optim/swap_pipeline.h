@@ -46,7 +46,7 @@ class SwapTransport {
   // Enqueues batch b's swapped states onto the upload lane, into device memory of b's own.
   virtual void upload(int64_t b) = 0;
   // The device copy of a swapped state of unit u of batch b, from upload(b) to release(b).
-  virtual at::Tensor device_state(int64_t b, size_t u, const UnitSlot& slot) = 0;
+  virtual at::Tensor device_state(int64_t b, size_t u, const StateTensor& tensor) = 0;
   // Enqueues batch b's device copies onto the download lane, back into their host layout.
   virtual void download(int64_t b) = 0;
   // Gives batch b's device memory up for batch b + 2 once `downloaded` (download(b)'s
@@ -57,9 +57,9 @@ class SwapTransport {
   // compute side to wait for the download first, which, right after enqueuing it, would
   // hold the next batch's update back: such a transport releases a batch later (1).
   virtual int64_t release_delay() const = 0;
-  // A device tensor with the contents of device_state(b, u, slot) that outlives the
+  // A device tensor with the contents of device_state(b, u, tensor) that outlives the
   // transport: where a state stays when its download failed twice.
-  virtual at::Tensor keep_on_device(int64_t b, size_t u, const UnitSlot& slot) = 0;
+  virtual at::Tensor keep_on_device(int64_t b, size_t u, const StateTensor& tensor) = 0;
 
   // Where the states' home is not the host memory the downloads land in (the disk
   // tier), their way on from there. The default is for a transport whose downloads
@@ -102,7 +102,7 @@ std::unique_ptr<SwapTransport> make_disk_transport(
 
 // Updates one unit, reading its swapped states through `swapped_state`.
 using UnitUpdate =
-    std::function<void(Unit& unit, const std::function<at::Tensor(const UnitSlot& slot)>& swapped_state)>;
+    std::function<void(Unit& unit, const std::function<at::Tensor(const StateTensor& tensor)>& swapped_state)>;
 
 // Runs `update` over every unit, batch after batch, with at most two batches' device copies
 // alive: the update of batch b overlaps the download of b - 1 and the upload of b + 1.

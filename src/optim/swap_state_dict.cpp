@@ -15,8 +15,9 @@
 namespace stowage::optim {
 
 using detail::describe;
-using detail::SlotRequest;
 using detail::Source;
+using detail::StatePlacement;
+using detail::StateTensor;
 
 StateDict SwapOptimizer::Rep::state_dict() {
   check_steps_are_the_wrappers();
@@ -77,6 +78,41 @@ void SwapOptimizer::Rep::check_load_state_dict(const StateDict& state) {
   check_swap_state(*adapter_, read_optimizer_layout(state, *optimizer_, kLoadWhere));
 }
 
+std::unique_ptr<torch::optim::OptimizerParamState> SwapOptimizer::Rep::loaded_state(
+    const OptimizerLayout::Entry& item, const at::Tensor& param, std::vector<StatePlacement>& placements) const {
+  std::array<at::Tensor, detail::kSlotCount> loaded;
+  for (const auto& field : item.fields) {
+    const std::string& key = field.key().toStringRef();
+    if (key != "step") loaded[detail::slot_of(key)] = field.value().toTensor();
+  }
+  const bool master_from_param =
+      detail::has_slot(*adapter_, detail::kMasterParamSlot) && !loaded[detail::kMasterParamSlot].defined();
+  if (master_from_param) {
+    // A checkpoint of an optimizer without masters: the parameter is the master.
+    loaded[detail::kMasterParamSlot] = param.detach();
+  }
+  auto fresh = adapter_->new_state();
+  detail::ParamState state = detail::param_state(*adapter_, *fresh);
+  *state.step = item.fields.at("step").toInt();
+  const c10::ScalarType dtype = adapter_->state_dtype(param);
+  for (const StateTensor& tensor : state.tensors) {
+    const at::Tensor& from = loaded[tensor.slot];
+    if (!from.defined()) continue;
+    const bool swapped =
+        swapped_slot_[tensor.slot] && param.numel() >= config_.min_numel() && at::isFloatingType(dtype);
+    if (!swapped) {
+      *tensor.holder = from.to(param.device(), dtype, /*non_blocking=*/false, /*copy=*/true);
+      continue;
+    }
+    // A master taken from the parameter comes from the device; checkpoint tensors are
+    // copied (and cast) into the host buffers on the CPU.
+    const bool from_param = master_from_param && tensor.slot == detail::kMasterParamSlot;
+    placements.push_back(
+        {tensor, param.sizes().vec(), dtype, from_param ? Source::kDeviceCopy : Source::kHostCopy, from});
+  }
+  return fresh;
+}
+
 void SwapOptimizer::Rep::load_state_dict(const StateDict& state) {
   const OptimizerLayout layout = read_optimizer_layout(state, *optimizer_, kLoadWhere);
   const std::vector<at::Tensor>& params = layout.params;
@@ -84,57 +120,19 @@ void SwapOptimizer::Rep::load_state_dict(const StateDict& state) {
   const std::vector<ApplyOptions> apply_options = check_swap_state(*adapter_, layout);
   std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> new_states(params.size());
   // Sources of the swapped states, by parameter and then slot, the layout's order.
-  std::vector<std::vector<SlotRequest>> requests_by_param(params.size());
+  std::vector<std::vector<StatePlacement>> placements_by_param(params.size());
   for (const OptimizerLayout::Entry& item : layout.entries) {
-    const size_t index = item.param;
-    const at::Tensor& param = params[index];
-    std::array<at::Tensor, detail::kSlotCount> loaded;
-    for (const auto& field : item.fields) {
-      const std::string& key = field.key().toStringRef();
-      if (key != "step") loaded[detail::slot_of(key)] = field.value().toTensor();
-    }
-    const bool master_from_param =
-        detail::has_slot(*adapter_, detail::kMasterParamSlot) && !loaded[detail::kMasterParamSlot].defined();
-    if (master_from_param) {
-      // A checkpoint of an optimizer without masters: the parameter is the master.
-      loaded[detail::kMasterParamSlot] = param.detach();
-    }
-
-    auto fresh = adapter_->new_state();
-    detail::ParamStateRef ref = detail::state_ref(*adapter_, *fresh);
-    *ref.step = item.fields.at("step").toInt();
-    const c10::ScalarType dtype = adapter_->state_dtype(param);
-    for (int slot = 0; slot < detail::kSlotCount; ++slot) {
-      if (!loaded[slot].defined()) continue;
-      const bool swapped = swapped_slot_[slot] && param.numel() >= config_.min_numel() && at::isFloatingType(dtype);
-      if (!swapped) {
-        *ref.tensors[slot] = loaded[slot].to(param.device(), dtype, /*non_blocking=*/false, /*copy=*/true);
-        continue;
-      }
-      SlotRequest request;
-      request.param = param.unsafeGetTensorImpl();
-      request.slot = slot;
-      request.holder = ref.tensors[slot];
-      request.shape = param.sizes().vec();
-      request.dtype = dtype;
-      // A master taken from the parameter comes from the device; checkpoint tensors are
-      // copied (and cast) into the host buffers on the CPU.
-      const bool from_param = master_from_param && slot == detail::kMasterParamSlot;
-      request.source = from_param ? Source::kDeviceCopy : Source::kHostCopy;
-      request.from = loaded[slot];
-      requests_by_param[index].push_back(std::move(request));
-    }
-    new_states[index] = std::move(fresh);
+    new_states[item.param] = loaded_state(item, params[item.param], placements_by_param[item.param]);
   }
 
   // The host layout first: it is the one part that can still fail (a download of a master
   // taken from its parameter), and it changes nothing when it does. It waits for the copies
   // into the old host buffers, which the old states keep alive until they are dropped.
-  std::vector<SlotRequest> requests;
+  std::vector<StatePlacement> placements;
   for (size_t i = 0; i < params.size(); ++i) {
-    for (SlotRequest& request : requests_by_param[i]) requests.push_back(std::move(request));
+    for (StatePlacement& placement : placements_by_param[i]) placements.push_back(std::move(placement));
   }
-  ensure_host_layout(std::move(requests));
+  ensure_host_layout(placements);
   auto& states = optimizer_->state();
   states.clear();
   for (size_t i = 0; i < params.size(); ++i) {
