@@ -161,6 +161,34 @@ int64_t step_count(torch::optim::Optimizer& optimizer, const torch::Tensor& para
   return state == nullptr ? 0 : static_cast<torch::optim::AdamWParamState&>(*state).step();
 }
 
+// A host tensor is one state's: a state pointed at another state's host tensor is moved
+// and updated as a copy of it, not as a second name for it.
+TEST_P(SwapPipeline, AStatePointedAtAnothersHostTensorIsUpdatedAsACopy) {
+  auto params = make_params({{kSwappedNumel}, {kSwappedNumel}});
+  auto reference_params = clone_params(params);
+  auto swap = swap_optimizer(adamw(params), config(1));
+  torch::optim::AdamW reference(reference_params, torch::optim::AdamWOptions(1e-2));
+  set_grads(params, 0);
+  set_grads(reference_params, 0);
+  swap->step();
+  reference.step();
+  auto* aliased = static_cast<torch::optim::AdamWParamState*>(detail::find_state(swap->optimizer().state(), params[0]));
+  auto* copied =
+      static_cast<torch::optim::AdamWParamState*>(detail::find_state(reference.state(), reference_params[0]));
+  aliased->exp_avg(aliased->exp_avg_sq());
+  copied->exp_avg(copied->exp_avg_sq().clone());
+  for (int step = 1; step < 3; ++step) {
+    set_grads(params, step);
+    set_grads(reference_params, step);
+    swap->step();
+    reference.step();
+    EXPECT_FALSE(aliased->exp_avg().is_same(aliased->exp_avg_sq())) << "step " << step;
+    EXPECT_TRUE(torch::equal(aliased->exp_avg(), copied->exp_avg())) << "step " << step;
+    EXPECT_TRUE(torch::equal(aliased->exp_avg_sq(), copied->exp_avg_sq())) << "step " << step;
+  }
+  testing::expect_params_equal(reference_params, params);
+}
+
 TEST_P(SwapPipeline, TheWrappedOptimizersOwnStepIsRejectedAtTheWrappersNextStep) {
   auto params = make_params({{kSwappedNumel}, {kSwappedNumel}, {kSwappedNumel}});
   auto inner = adamw(params);
