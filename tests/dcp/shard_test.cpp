@@ -2,6 +2,7 @@
 // any box by overlap, reading only the checksum blocks the box touches, each verified;
 // version-1 checkpoints (no block checksums) still load.
 
+#include "dcp/format/metadata_codec.h"
 #include "dcp/test_util.h"
 
 #include <stowage/error.h>
@@ -121,28 +122,7 @@ TEST(DcpShard, VersionOneCheckpointsStillLoadWholeOrInPart) {
   // Rewrite the metadata as version 1 wrote it: an object per entry and chunk, no block
   // checksums, no metadata checksum.
   const Metadata saved = FileSystemReader(dir.path()).read_metadata();
-  nlohmann::json entries = nlohmann::json::array();
-  for (const EntryMetadata& entry : saved.entries) {
-    nlohmann::json chunks = nlohmann::json::array();
-    for (const TensorChunk& chunk : entry.chunks) {
-      chunks.push_back({{"offsets", chunk.box.offsets},
-                        {"sizes", chunk.box.sizes},
-                        {"rank", chunk.rank},
-                        {"file", chunk.location.file},
-                        {"offset", chunk.location.offset},
-                        {"length", chunk.location.length},
-                        {"xxh3", fmt::format("{:016x}", chunk.location.checksum)}});
-    }
-    entries.push_back({{"fqn", entry.fqn},
-                       {"path", {entry.fqn}},
-                       {"kind", "tensor"},
-                       {"dtype", c10::toString(entry.dtype)},
-                       {"shape", entry.shape},
-                       {"chunks", chunks}});
-  }
-  nlohmann::json metadata{{"format", "stowage.dcp"}, {"version", 1},           {"save_id", saved.save_id},
-                          {"world_size", 1},         {"byte_order", "little"}, {"alignment", kChunkAlignment},
-                          {"entries", entries}};
+  nlohmann::json metadata = nlohmann::json::parse(detail::encode_object_layout(saved, 1));
   testing::write_file(testing::metadata_path(dir.path()), metadata.dump());
 
   FileSystemReader reader(dir.path());

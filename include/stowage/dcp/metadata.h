@@ -108,4 +108,11 @@ bool is_safe_file_name(const std::string& name);
 // Bytes of one element of `dtype`.
 int64_t element_size(c10::ScalarType dtype);
 
+// The bytes of `entry`'s tensor: its shape's volume times its element size (0 for a
+// value). Throws Error naming the entry when a size is negative or the count overflows
+// an int64_t (metadata whose chunks each fit may still describe such a tensor).
+int64_t tensor_bytes(const EntryMetadata& entry);
+// The bytes of every tensor of `metadata`, each checked so, and their sum too.
+int64_t tensor_bytes(const Metadata& metadata);
+
 }  // namespace stowage::dcp

@@ -1,5 +1,6 @@
 #include "dcp/format/checks.h"
 #include "dcp/format/json_values.h"
+#include "dcp/format/metadata_codec.h"
 
 #include <stowage/dcp/metadata.h>
 #include <stowage/error.h>
@@ -7,46 +8,26 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
-#include <xxhash.h>
 
 #include <algorithm>
-#include <array>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <unordered_map>
 #include <unordered_set>
 
 namespace stowage::dcp {
+
+using detail::Decoder;
+using detail::document_checksum;
+using detail::dtype_name;
+using detail::hex64;
+using detail::kChecksumField;
+
 namespace {
 
 using nlohmann::json;
 
-// The dtypes a checkpoint may hold: every dense type LibTorch 1.13 has.
-constexpr std::array<c10::ScalarType, 13> kDtypes = {
-    c10::kByte,   c10::kChar,        c10::kShort,        c10::kInt,           c10::kLong, c10::kHalf,    c10::kFloat,
-    c10::kDouble, c10::kComplexHalf, c10::kComplexFloat, c10::kComplexDouble, c10::kBool, c10::kBFloat16};
-
-std::string dtype_name(c10::ScalarType dtype) {
-  return c10::toString(dtype);
-}
-
-// The metadata's own checksum: XXH3-64 of the compact JSON of the document without
-// this field. Hashing the parsed document, not the file's bytes, keeps it independent
-// of layout; it catches what validation cannot, such as a changed value or offset.
-constexpr const char* kChecksumField = "metadata_xxh3";
-
-uint64_t document_checksum(const json& document) {
-  const std::string compact = document.dump();
-  return XXH3_64bits(compact.data(), compact.size());
-}
-
 // ------------------------------------------------------------------ encoding
-
-std::string hex64(uint64_t value) {
-  return fmt::format("{:016x}", value);
-}
 
 json encode_scalar(const c10::IValue& value, const std::string& fqn) {
   if (value.isNone()) return json{{"t", "none"}};
@@ -88,132 +69,6 @@ json encode_value(const c10::IValue& value, const std::string& fqn) {
   return encode_scalar(value, fqn);
 }
 
-// ------------------------------------------------------------------ decoding
-//
-// Every accessor checks presence and type, and says where the problem is.
-
-struct Decoder {
-  const std::string& origin;
-  std::string entry = "";  // the entry every failure names, when one is decoded alone
-
-  // Metadata that does not say what a checkpoint's must is corrupt.
-  [[noreturn]] void fail(const std::string& where, const std::string& what) const {
-    corrupt(fmt::format("{}: {}", where, what), entry);
-  }
-  // `problem` names where it is (as the shape checks' do).
-  [[noreturn]] void corrupt(const std::string& problem, const std::string& entry_name) const {
-    throw CorruptionError(fmt::format("checkpoint metadata {}: {}", origin, problem), entry_name, origin);
-  }
-
-  const json& field(const json& object, const char* key, const std::string& where) const {
-    if (!object.is_object()) fail(where, "expected an object");
-    const auto it = object.find(key);
-    if (it == object.end()) fail(where, fmt::format("missing field '{}'", key));
-    return *it;
-  }
-  int64_t integer(const json& object, const char* key, const std::string& where) const {
-    const json& v = field(object, key, where);
-    if (!v.is_number_integer()) fail(where, fmt::format("field '{}' must be an integer", key));
-    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      fail(where, fmt::format("field '{}' is out of range", key));
-    }
-    return v.get<int64_t>();
-  }
-  int64_t non_negative(const json& object, const char* key, const std::string& where) const {
-    const int64_t v = integer(object, key, where);
-    if (v < 0) fail(where, fmt::format("field '{}' must not be negative", key));
-    return v;
-  }
-  std::string string(const json& object, const char* key, const std::string& where) const {
-    const json& v = field(object, key, where);
-    if (!v.is_string()) fail(where, fmt::format("field '{}' must be a string", key));
-    return v.get<std::string>();
-  }
-  std::vector<int64_t> int_list(const json& object, const char* key, const std::string& where) const {
-    const json& v = field(object, key, where);
-    if (!v.is_array()) fail(where, fmt::format("field '{}' must be a list of integers", key));
-    std::vector<int64_t> out;
-    for (const json& element : v) {
-      if (!element.is_number_integer() ||
-          (element.is_number_unsigned() && element.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))) {
-        fail(where, fmt::format("field '{}' must be a list of integers", key));
-      }
-      out.push_back(element.get<int64_t>());
-    }
-    return out;
-  }
-
-  c10::ScalarType dtype(const std::string& name, const std::string& where) const {
-    for (c10::ScalarType candidate : kDtypes) {
-      if (dtype_name(candidate) == name) return candidate;
-    }
-    fail(where, fmt::format("unknown dtype '{}'", name));
-  }
-
-  ObjectPath path(const json& object, const std::string& where) const {
-    const json& v = field(object, "path", where);
-    if (!v.is_array() || v.empty()) fail(where, "field 'path' must be a non-empty list");
-    ObjectPath out;
-    for (const json& element : v) {
-      if (element.is_string()) {
-        out.emplace_back(element.get<std::string>());
-      } else if (element.is_number_integer() && element.get<int64_t>() >= 0) {
-        out.emplace_back(element.get<int64_t>());
-      } else {
-        fail(where, "field 'path' may hold only keys and list indices");
-      }
-    }
-    if (!std::holds_alternative<std::string>(out.front())) fail(where, "field 'path' must start with a key");
-    return out;
-  }
-
-  c10::IValue scalar(const json& v, const std::string& where) const {
-    const std::string type = string(v, "t", where);
-    if (type == "none") return c10::IValue();
-    const json& value = field(v, "v", where);
-    if (type == "bool" && value.is_boolean()) return value.get<bool>();
-    if (type == "int" && value.is_number_integer() && !value.is_number_unsigned()) return value.get<int64_t>();
-    if (type == "int" && value.is_number_unsigned() &&
-        value.get<uint64_t>() <= uint64_t(std::numeric_limits<int64_t>::max())) {
-      return value.get<int64_t>();
-    }
-    if (type == "double" && value.is_number()) return value.get<double>();
-    if (type == "double" && value.is_string()) {
-      const std::string s = value.get<std::string>();
-      if (s == "nan") return std::numeric_limits<double>::quiet_NaN();
-      if (s == "inf") return std::numeric_limits<double>::infinity();
-      if (s == "-inf") return -std::numeric_limits<double>::infinity();
-    }
-    if (type == "str" && value.is_string()) return value.get<std::string>();
-    fail(where, fmt::format("malformed value of type '{}'", type));
-  }
-
-  c10::IValue value(const json& v, const std::string& where) const {
-    const std::string type = string(v, "t", where);
-    if (type == "dict") return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
-    if (type != "list") return scalar(v, where);
-    const std::string elem = string(v, "elem", where);
-    const json& items = field(v, "v", where);
-    if (!items.is_array()) fail(where, "list value must hold a list");
-    c10::TypePtr element_type = elem == "int"      ? c10::TypePtr(c10::IntType::get())
-                                : elem == "double" ? c10::TypePtr(c10::FloatType::get())
-                                : elem == "bool"   ? c10::TypePtr(c10::BoolType::get())
-                                : elem == "str"    ? c10::TypePtr(c10::StringType::get())
-                                : elem == "any"    ? c10::TypePtr(c10::AnyType::get())
-                                                   : nullptr;
-    if (!element_type) fail(where, fmt::format("unknown list element type '{}'", elem));
-    c10::impl::GenericList list(element_type);
-    for (const json& item : items) {
-      c10::IValue element = scalar(item, where);
-      if (elem != "any" && !element.type()->isSubtypeOf(*element_type)) {
-        fail(where, fmt::format("list of {} holds a {}", elem, element.tagKind()));
-      }
-      list.push_back(std::move(element));
-    }
-    return list;
-  }
-};
-
 }  // namespace
 
 namespace detail {
@@ -243,6 +98,24 @@ c10::IValue decode_value(const nlohmann::json& value, const std::string& origin,
 
 int64_t element_size(c10::ScalarType dtype) {
   return static_cast<int64_t>(c10::elementSize(dtype));
+}
+
+int64_t tensor_bytes(const EntryMetadata& entry) {
+  if (entry.kind != EntryKind::kTensor) return 0;
+  return detail::checked_bytes(entry.shape, entry.dtype, fmt::format("checkpoint entry '{}'", entry.fqn));
+}
+
+int64_t tensor_bytes(const Metadata& metadata) {
+  int64_t total = 0;
+  for (const EntryMetadata& entry : metadata.entries) {
+    const int64_t bytes = tensor_bytes(entry);
+    if (bytes > std::numeric_limits<int64_t>::max() - total) {
+      throw Error(
+          fmt::format("checkpoint entry '{}': the tensors up to it hold more bytes than an int64_t counts", entry.fqn));
+    }
+    total += bytes;
+  }
+  return total;
 }
 
 bool is_safe_file_name(const std::string& name) {
@@ -377,96 +250,6 @@ std::string encode_metadata(const Metadata& metadata) {
 
 namespace {
 
-uint64_t parse_hash(const Decoder& d, const json& text, const char* field, const std::string& where) {
-  if (!text.is_string()) d.fail(where, fmt::format("field '{}' must hold 16 hex digits", field));
-  const std::string digits = text.get<std::string>();
-  char* end = nullptr;
-  errno = 0;
-  const uint64_t hash = std::strtoull(digits.c_str(), &end, 16);
-  if (digits.size() != 16 || errno != 0 || end != digits.c_str() + digits.size()) {
-    d.fail(where, fmt::format("field '{}' must hold 16 hex digits", field));
-  }
-  return hash;
-}
-
-void check_file_name(const Decoder& d, const std::string& name, const std::string& where) {
-  if (!is_safe_file_name(name)) d.fail(where, fmt::format("file name '{}' would leave the checkpoint directory", name));
-}
-
-// Block checksums of a chunk of `length` bytes: one per block when it spans several.
-std::vector<uint64_t> block_checksums(const Decoder& d, const json& hashes, int64_t length, const std::string& where) {
-  const int64_t blocks = (length + kChecksumBlockBytes - 1) / kChecksumBlockBytes;
-  const size_t expected = blocks > 1 ? static_cast<size_t>(blocks) : 0;
-  if (!hashes.is_array() || hashes.size() != expected) {
-    d.fail(where, fmt::format("field 'block_xxh3' must list {} block checksums", expected));
-  }
-  std::vector<uint64_t> out;
-  for (const json& hash : hashes) out.push_back(parse_hash(d, hash, "block_xxh3", where));
-  return out;
-}
-
-// The chunks tile the tensor and each is as long as its box: the checks of every version.
-void check_chunks(const Decoder& d, const EntryMetadata& entry, const std::string& where) {
-  std::vector<ChunkBox> boxes;
-  for (const TensorChunk& chunk : entry.chunks) boxes.push_back(chunk.box);
-  if (const std::string problem = detail::tiling_problem(entry.shape, boxes, where); !problem.empty()) {
-    d.corrupt(problem, entry.fqn);
-  }
-  for (const TensorChunk& chunk : entry.chunks) {
-    const detail::CheckedCount volume = detail::count_volume(chunk.box.sizes, where);
-    if (!volume.ok()) d.corrupt(volume.problem, entry.fqn);
-    if (volume.value > std::numeric_limits<int64_t>::max() / element_size(entry.dtype) ||
-        chunk.location.length != volume.value * element_size(entry.dtype)) {
-      d.fail(where, fmt::format("a chunk of {} elements of {} cannot be {} bytes", volume.value,
-                                dtype_name(entry.dtype), chunk.location.length));
-    }
-    if (chunk.location.offset > std::numeric_limits<int64_t>::max() - chunk.location.length) {
-      d.fail(where, "chunk byte range overflows");
-    }
-  }
-}
-
-// ------------------------------------------------- versions 1 and 2: objects
-
-EntryMetadata decode_object_entry(const Decoder& d, const json& e, size_t i, int64_t version) {
-  EntryMetadata entry;
-  entry.fqn = d.string(e, "fqn", fmt::format("entry {}", i));
-  const std::string where = fmt::format("entry '{}'", entry.fqn);
-  entry.path = d.path(e, where);
-  if (path_to_string(entry.path) != entry.fqn) d.fail(where, "its path does not match its name");
-  const std::string kind = d.string(e, "kind", where);
-  if (kind == "value") {
-    entry.kind = EntryKind::kValue;
-    entry.value = d.value(d.field(e, "value", where), where);
-    return entry;
-  }
-  if (kind != "tensor") d.fail(where, fmt::format("unknown kind '{}'", kind));
-  entry.kind = EntryKind::kTensor;
-  entry.dtype = d.dtype(d.string(e, "dtype", where), where);
-  entry.shape = d.int_list(e, "shape", where);
-  const json& chunks = d.field(e, "chunks", where);
-  if (!chunks.is_array()) d.fail(where, "field 'chunks' must be a list");
-  for (const json& c : chunks) {
-    TensorChunk chunk;
-    chunk.box.offsets = d.int_list(c, "offsets", where);
-    chunk.box.sizes = d.int_list(c, "sizes", where);
-    chunk.rank = d.non_negative(c, "rank", where);
-    chunk.location.file = d.string(c, "file", where);
-    check_file_name(d, chunk.location.file, where);
-    chunk.location.offset = d.non_negative(c, "offset", where);
-    chunk.location.length = d.non_negative(c, "length", where);
-    chunk.location.checksum = parse_hash(d, d.field(c, "xxh3", where), "xxh3", where);
-    const int64_t blocks = (chunk.location.length + kChecksumBlockBytes - 1) / kChecksumBlockBytes;
-    if (version >= 2 && blocks > 1) {
-      chunk.location.block_checksums =
-          block_checksums(d, d.field(c, "block_xxh3", where), chunk.location.length, where);
-    }
-    entry.chunks.push_back(std::move(chunk));
-  }
-  check_chunks(d, entry, where);
-  return entry;
-}
-
 // ---------------------------------------------------------- version 3: tables
 
 // The element `index` of the positional array `row`.
@@ -531,9 +314,9 @@ EntryMetadata decode_table_entry(const Decoder& d, const json& row, size_t i, co
       d.fail(where, fmt::format("a chunk's file index {} is not below the {} files", file, files.size()));
     }
     chunk.location.file = files[file];
-    check_file_name(d, chunk.location.file, where);
+    d.check_file_name(chunk.location.file, where);
     chunk.location.offset = non_negative_element(d, c, 1, "chunk's offset", where);
-    chunk.location.checksum = parse_hash(d, c[2], "xxh3", where);
+    chunk.location.checksum = d.hash(c[2], "xxh3", where);
     chunk.rank = non_negative_element(d, c, 3, "chunk's rank", where);
     if (c.size() == 7) {
       chunk.box.offsets = int_list_element(d, c, 5, "offsets", where);
@@ -548,10 +331,10 @@ EntryMetadata decode_table_entry(const Decoder& d, const json& row, size_t i, co
       d.fail(where, "a chunk's byte length overflows");
     }
     chunk.location.length = volume.value * element_size(entry.dtype);
-    chunk.location.block_checksums = block_checksums(d, c[4], chunk.location.length, where);
+    chunk.location.block_checksums = d.block_checksums(c[4], chunk.location.length, where);
     entry.chunks.push_back(std::move(chunk));
   }
-  check_chunks(d, entry, where);
+  d.check_chunks(entry, where);
   return entry;
 }
 
@@ -612,7 +395,7 @@ Metadata decode_metadata(const std::string& text, const std::string& origin) {
   metadata.entries.reserve(entries.size());
   for (size_t i = 0; i < entries.size(); ++i) {
     metadata.entries.push_back(metadata.version >= 3 ? decode_table_entry(d, entries[i], i, files)
-                                                     : decode_object_entry(d, entries[i], i, metadata.version));
+                                                     : detail::decode_object_entry(d, entries[i], i, metadata.version));
   }
   try {
     metadata.index();
