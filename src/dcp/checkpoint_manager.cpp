@@ -2,7 +2,6 @@
 #include <stowage/dcp/metadata.h>
 #include <stowage/error.h>
 
-#include "util/decimal.h"
 #include "util/error_context.h"
 #include "util/exception_message.h"
 
@@ -19,15 +18,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-constexpr const char* kStepPrefix = "step-";
-
-// N of a directory named step-<N> (digits only), or nothing.
-std::optional<int64_t> step_of(const std::string& name) {
-  const size_t prefix = std::char_traits<char>::length(kStepPrefix);
-  if (name.rfind(kStepPrefix, 0) != 0) return std::nullopt;
-  return parse_decimal_digits(name.substr(prefix));
-}
 
 // Whether `path` is `checkpoint` (a checkpoint's directory) or a file in it.
 bool is_in_checkpoint(const std::string& path, const std::string& checkpoint) {
@@ -139,22 +129,7 @@ CheckpointManager::CheckpointManager(std::string directory, CheckpointManagerOpt
 CheckpointManager::~CheckpointManager() = default;
 
 std::string CheckpointManager::checkpoint_path(int64_t step) const {
-  return (fs::path(directory_) / fmt::format("{}{:08d}", kStepPrefix, step)).string();
-}
-
-std::vector<ManagedCheckpoint> list_checkpoints(const std::string& directory, Env& env) {
-  std::vector<ManagedCheckpoint> found;
-  if (env.file_type(directory) == FileType::kAbsent) return found;
-  for (const std::string& name : env.list_directory(directory)) {
-    const std::optional<int64_t> step = step_of(name);
-    const std::string path = (fs::path(directory) / name).string();
-    // "<path>/." names a symbolic link's target, so a step directory may be a link to one.
-    if (!step || env.file_type(path + "/.") != FileType::kDirectory) continue;
-    const bool committed = env.file_type((fs::path(path) / kMetadataFileName).string()) != FileType::kAbsent;
-    found.push_back(ManagedCheckpoint{*step, path, committed});
-  }
-  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
-  return found;
+  return (fs::path(directory_) / step_directory_name(step)).string();
 }
 
 std::vector<ManagedCheckpoint> CheckpointManager::list() const {
@@ -162,11 +137,7 @@ std::vector<ManagedCheckpoint> CheckpointManager::list() const {
 }
 
 std::optional<ManagedCheckpoint> CheckpointManager::latest() const {
-  const std::vector<ManagedCheckpoint> all = list();
-  for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    if (it->committed) return *it;
-  }
-  return std::nullopt;
+  return latest_committed(list());
 }
 
 bool CheckpointManager::should_save(int64_t step) const {
@@ -330,8 +301,11 @@ std::optional<int64_t> CheckpointManager::restore(StateDict& state, LoadOptions 
   // same one; with a group every rank sees the same outcome of each load.
   std::vector<ManagedCheckpoint> candidates;
   if (!group_ || group_->rank() == 0) {
+    // Its own format only: a PyTorch DCP checkpoint put here is kept, not restored.
     for (const ManagedCheckpoint& checkpoint : list()) {
-      if (checkpoint.committed) candidates.insert(candidates.begin(), checkpoint);
+      if (checkpoint.committed && checkpoint.format == CheckpointFormat::kStowage) {
+        candidates.insert(candidates.begin(), checkpoint);
+      }
     }
   }
   std::vector<SkippedCheckpoint> unreadable;
@@ -340,7 +314,7 @@ std::optional<int64_t> CheckpointManager::restore(StateDict& state, LoadOptions 
     std::string path = attempt < candidates.size() ? candidates[attempt].path : std::string();
     if (group_) path = group_->broadcast(path, 0);
     if (path.empty()) break;
-    const std::optional<int64_t> step = step_of(fs::path(path).filename().string());
+    const std::optional<int64_t> step = step_of_directory_name(fs::path(path).filename().string());
     TORCH_INTERNAL_ASSERT(step, "restored checkpoint ", path, " has no step in its name");
     try {
       FileSystemReader reader(path, options_.env());

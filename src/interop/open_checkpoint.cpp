@@ -1,5 +1,6 @@
 #include "dcp/storage/file_io.h"
 
+#include <stowage/dcp/checkpoint_directory.h>
 #include <stowage/dcp/filesystem.h>
 #include <stowage/error.h>
 #include <stowage/interop/open_checkpoint.h>
@@ -12,15 +13,14 @@
 namespace stowage::dcp {
 
 std::unique_ptr<StorageReader> open_checkpoint(const std::string& path, Env* env) {
-  if (detail::file_exists(*env, detail::join_path(path, kMetadataFileName))) {
-    return std::make_unique<FileSystemReader>(path, env);
+  const std::optional<CheckpointFormat> format = committed_format(path, *env);
+  if (!format) {
+    throw NotFound(fmt::format("'{}' holds no checkpoint: neither stowage's {} nor PyTorch DCP's {} is there", path,
+                               kMetadataFileName, kTorchDcpMetadataFileName),
+                   detail::join_path(path, kTorchDcpMetadataFileName), "open", ENOENT);
   }
-  if (detail::file_exists(*env, detail::join_path(path, kTorchDcpMetadataFileName))) {
-    return std::make_unique<TorchDcpReader>(path, env);
-  }
-  throw NotFound(fmt::format("'{}' holds no checkpoint: neither stowage's {} nor PyTorch DCP's {} is there", path,
-                             kMetadataFileName, kTorchDcpMetadataFileName),
-                 detail::join_path(path, kTorchDcpMetadataFileName), "open", ENOENT);
+  if (*format == CheckpointFormat::kStowage) return std::make_unique<FileSystemReader>(path, env);
+  return std::make_unique<TorchDcpReader>(path, env);
 }
 
 }  // namespace stowage::dcp

@@ -1,4 +1,4 @@
-#include <stowage/dcp/checkpoint_manager.h>
+#include <stowage/dcp/checkpoint_directory.h>
 #include <stowage/error.h>
 #include <stowage/train/run_directory.h>
 
@@ -57,7 +57,7 @@ std::vector<std::string> differences(const RunConfig& recorded, const RunConfig&
 }  // namespace
 
 std::string checkpoints_directory(const std::string& run_dir) {
-  return (fs::path(run_dir) / "checkpoints").string();
+  return (fs::path(run_dir) / dcp::kRunCheckpointsFolder).string();
 }
 
 std::optional<RunConfig> read_run_config(const std::string& run_dir) {

@@ -57,6 +57,7 @@
 // it returns, and exits.
 
 #include <stowage/dcp/checkpoint.h>
+#include <stowage/dcp/checkpoint_directory.h>
 #include <stowage/dcp/env.h>
 #include <stowage/dcp/filesystem.h>
 #include <stowage/dcp/staging.h>
@@ -104,13 +105,6 @@ struct CheckpointManagerOptions {
   TORCH_ARG(int64_t, max_consecutive_failures) = 3;
 };
 
-// A checkpoint of the directory.
-struct ManagedCheckpoint {
-  int64_t step = 0;
-  std::string path;
-  bool committed = false;
-};
-
 // A save that ended: committed, or failed and removed.
 struct SaveReport {
   int64_t step = 0;
@@ -136,11 +130,6 @@ struct SkippedCheckpoint {
 // InvalidArgument naming a negative option or a null env.
 void check_checkpoint_manager_options(const CheckpointManagerOptions& options);
 
-// Every step-<N> directory of `directory`, oldest first (none if it does not exist;
-// IoError if it cannot be listed). Changes nothing, unlike a CheckpointManager's
-// construction.
-std::vector<ManagedCheckpoint> list_checkpoints(const std::string& directory, Env& env = *Env::posix());
-
 class CheckpointManager {
  public:
   // Makes `directory` (on rank 0) and removes the uncommitted checkpoints in it.
@@ -154,11 +143,11 @@ class CheckpointManager {
   CheckpointManager& operator=(const CheckpointManager&) = delete;
 
   const std::string& directory() const { return directory_; }
-  // <directory>/step-<N>, N written with eight digits at least.
+  // <directory>/step-<N>, N written with eight digits at least (step_directory_name).
   std::string checkpoint_path(int64_t step) const;
-  // list_checkpoints(directory()), as this rank sees them.
+  // list_checkpoints(directory()), as this rank sees them (checkpoint_directory.h).
   std::vector<ManagedCheckpoint> list() const;
-  // The newest committed checkpoint, as this rank sees it.
+  // The newest committed checkpoint, as this rank sees it (latest_committed).
   std::optional<ManagedCheckpoint> latest() const;
 
   bool should_save(int64_t step) const;
@@ -182,8 +171,9 @@ class CheckpointManager {
   // The same, after waiting for the save in flight to end.
   std::vector<SaveReport> wait();
 
-  // Loads the newest committed checkpoint (rank 0's choice) into `state` with dcp::load
-  // and returns its step; nothing, and `state` unchanged, if there is none.
+  // Loads the newest committed checkpoint of stowage's format (rank 0's choice) into
+  // `state` with dcp::load and returns its step; nothing, and `state` unchanged, if there
+  // is none.
   //
   // Falling back is for a checkpoint that cannot be read, never for a failure of the
   // state it is loaded into. A checkpoint cannot be read when loading it fails on its

@@ -4,6 +4,7 @@
 // process or over a c10d process group.
 
 #include <stowage/dcp/checkpoint.h>
+#include <stowage/dcp/checkpoint_directory.h>
 #include <stowage/dcp/checkpoint_manager.h>
 #include <stowage/dcp/env.h>
 #include <stowage/dcp/filesystem.h>

@@ -11,6 +11,7 @@
 // location is checked against its data file's size before anything is read, and every
 // zip record read is checked against its CRC32 (DCP keeps no other checksum).
 
+#include <stowage/dcp/checkpoint_directory.h>  // kTorchDcpMetadataFileName
 #include <stowage/dcp/env.h>
 #include <stowage/dcp/storage.h>
 
@@ -19,9 +20,6 @@
 #include <unordered_map>
 
 namespace stowage::dcp {
-
-// The name of PyTorch DCP's metadata file; its presence commits the checkpoint.
-inline constexpr const char* kTorchDcpMetadataFileName = ".metadata";
 
 class TorchDcpReader : public StorageReader {
  public:

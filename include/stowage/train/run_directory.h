@@ -20,7 +20,8 @@ namespace stowage::train {
 // "2"): a resume must keep each.
 using RunConfig = std::map<std::string, std::string>;
 
-// Where a run's checkpoints go: <run_dir>/checkpoints.
+// Where a run's checkpoints go: <run_dir>/checkpoints (dcp::kRunCheckpointsFolder, which
+// dcp::describe_directory recognises).
 std::string checkpoints_directory(const std::string& run_dir);
 
 // The configuration recorded in `run_dir`, or nothing when it has no run.json. Throws
