@@ -202,7 +202,7 @@ SafetensorsExportResult export_safetensors(StorageReader& reader, const std::str
   if (shards.size() > 1) result.files.push_back(out + ".index.json");
   for (const std::string& path : result.files) {
     if (!options.overwrite() && env.file_type(path) != FileType::kAbsent) {
-      throw InvalidArgument(fmt::format("'{}' exists; export with overwrite to replace it", path));
+      throw InvalidArgument(fmt::format("'{}' exists and the option overwrite is off", path));
     }
     detail::refuse_special_file(env, path);
   }

@@ -312,7 +312,8 @@ TEST(Ckpt, LsRejectsADirectoryThatIsNoRun) {
   fs::create_directories(empty.path);
   const auto result = run_command(stowage_binary() + " ckpt ls " + empty.str());
   EXPECT_NE(result.status, 0);
-  EXPECT_NE(result.output.find("'" + empty.str() + "' is none of what a ckpt command takes"), std::string::npos)
+  EXPECT_NE(result.output.find("'" + empty.str() + "' holds no checkpoint: expected a checkpoint directory"),
+            std::string::npos)
       << result.output;
 }
 
