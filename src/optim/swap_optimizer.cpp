@@ -105,7 +105,7 @@ SwapOptimizer::Rep::Rep(std::shared_ptr<torch::optim::Optimizer> optimizer, Swap
       throw InvalidArgument(fmt::format("SwapOptimizerConfig.swap_dir '{}' is not a directory{}", config_.swap_dir(),
                                         error ? ": " + error.message() : std::string()));
     }
-    disk_ = std::make_unique<detail::DiskTier>(env_, config_.io_path(), config_.buffer_count());
+    disk_ = std::make_unique<detail::DiskTier>(config_.file_env(), config_.io_path(), config_.buffer_count());
     disk_->stats.io_path = disk_->io->path();
   }
   engine_ = std::make_unique<memory::CopyEngine>(device_, env_);
