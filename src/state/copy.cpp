@@ -48,7 +48,10 @@ c10::IValue copy_leaf(const c10::IValue& leaf) {
 }
 
 StateDict create_cpu_state_dict(const StateDict& state, CpuStateDictOptions options) {
-  const FlatStateDict flat = flatten_state_dict(state);
+  return unflatten_state_dict(create_cpu_state_dict(flatten_state_dict(state), options));
+}
+
+FlatStateDict create_cpu_state_dict(const FlatStateDict& flat, CpuStateDictOptions options) {
   std::vector<memory::HostTensorSpec> specs;
   memory::HostAllocOptions host_options{options.pin_memory, options.share_memory};
   host_options.use = memory::HostBufferUse::kCheckpoint;  // DCP's staging copies
@@ -68,13 +71,10 @@ StateDict create_cpu_state_dict(const StateDict& state, CpuStateDictOptions opti
     staged.add(FlatEntry{entry.fqn, entry.path,
                          entry.value.isTensor() ? c10::IValue(buffers[next_buffer++]) : copy_leaf(entry.value)});
   }
-  return unflatten_state_dict(staged);
+  return staged;
 }
 
-namespace {
-
-// The first difference copy_state_dict refuses, or an empty string.
-std::string flat_mismatch(const FlatStateDict& from, const FlatStateDict& to, bool type_check) {
+std::string state_dict_mismatch(const FlatStateDict& from, const FlatStateDict& to, bool type_check) {
   for (const FlatEntry& entry : to.entries()) {
     if (!from.contains(entry.fqn)) {
       return fmt::format("copy_state_dict: destination entry '{}' is missing from the source", entry.fqn);
@@ -109,25 +109,33 @@ std::string flat_mismatch(const FlatStateDict& from, const FlatStateDict& to, bo
   return {};
 }
 
-}  // namespace
-
 std::string state_dict_mismatch(const StateDict& src, const StateDict& dst, bool type_check) {
-  return flat_mismatch(flatten_state_dict(src), flatten_state_dict(dst), type_check);
+  return state_dict_mismatch(flatten_state_dict(src), flatten_state_dict(dst), type_check);
+}
+
+FlatStateDict copy_state_dict(const FlatStateDict& src, const FlatStateDict& dst, bool non_blocking, bool type_check) {
+  // Validate everything first, so that a mismatch copies nothing.
+  const std::string mismatch = state_dict_mismatch(src, dst, type_check);
+  if (!mismatch.empty()) throw InvalidArgument(mismatch);
+  FlatStateDict copied;
+  for (const FlatEntry& entry : src.entries()) {
+    const FlatEntry& target = dst.at(entry.fqn);
+    if (!entry.value.isTensor()) {
+      copied.add(FlatEntry{entry.fqn, entry.path, copy_leaf(entry.value)});
+      continue;
+    }
+    at::Tensor tensor = target.value.toTensor();
+    tensor.copy_(entry.value.toTensor(), non_blocking);
+    copied.add(FlatEntry{target.fqn, target.path, std::move(tensor)});
+  }
+  return copied;
 }
 
 void copy_state_dict(const StateDict& src, StateDict& dst, bool non_blocking, bool type_check) {
-  const FlatStateDict from = flatten_state_dict(src);
-  const FlatStateDict to = flatten_state_dict(dst);
-  // Validate everything first, so that a mismatch leaves dst untouched.
-  const std::string mismatch = flat_mismatch(from, to, type_check);
-  if (!mismatch.empty()) throw InvalidArgument(mismatch);
-  for (const FlatEntry& entry : from.entries()) {
-    if (entry.value.isTensor()) {
-      at::Tensor d = to.at(entry.fqn).value.toTensor();
-      d.copy_(entry.value.toTensor(), non_blocking);
-    } else {
-      replace_leaf(dst, entry.path, copy_leaf(entry.value));
-    }
+  const FlatStateDict copied =
+      copy_state_dict(flatten_state_dict(src), flatten_state_dict(dst), non_blocking, type_check);
+  for (const FlatEntry& entry : copied.entries()) {
+    if (!entry.value.isTensor()) replace_leaf(dst, entry.path, entry.value);
   }
 }
 

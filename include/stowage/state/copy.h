@@ -36,6 +36,8 @@ constexpr int64_t kCpuStateDictArenaBytes = int64_t(1) << 20;
 // (memory::allocate_host_tensors): descriptors, mappings and pin registrations grow
 // with the bytes, not the number of tensors. Throws InvalidArgument for a state dict flatten_state_dict rejects.
 StateDict create_cpu_state_dict(const StateDict& state, CpuStateDictOptions options = {});
+// The same over leaves already flattened.
+FlatStateDict create_cpu_state_dict(const FlatStateDict& flat, CpuStateDictOptions options = {});
 
 // Copies every tensor of `src` into the tensor at the same path of `dst`, and replaces
 // dst's other leaves with copies of src's (copy_leaf): dst shares nothing mutable with
@@ -45,9 +47,14 @@ StateDict create_cpu_state_dict(const StateDict& state, CpuStateDictOptions opti
 // exception `dst` is unchanged. With `non_blocking`, device-to-pinned copies may still
 // be in flight on return; the caller synchronises the device stream.
 void copy_state_dict(const StateDict& src, StateDict& dst, bool non_blocking = false, bool type_check = true);
+// The same over leaves already flattened: copies src's tensors into dst's and returns
+// dst's tensors with copies of src's other leaves, in src's order.
+FlatStateDict copy_state_dict(const FlatStateDict& src, const FlatStateDict& dst, bool non_blocking = false,
+                              bool type_check = true);
 
 // Why copy_state_dict(src, dst, ..., type_check) would refuse the two structures (the
 // message its InvalidArgument would carry), or an empty string when it would copy.
 std::string state_dict_mismatch(const StateDict& src, const StateDict& dst, bool type_check = true);
+std::string state_dict_mismatch(const FlatStateDict& src, const FlatStateDict& dst, bool type_check = true);
 
 }  // namespace stowage
