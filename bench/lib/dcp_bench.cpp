@@ -104,11 +104,11 @@ void time_dcp_staging(const DcpBenchState& s, DcpBenchResult& r) {
   }
   {  // Right after memcpy, like it: best of 3 back to back.
     dcp::BlockingAsyncStager cached(/*cache_staged_state_dict=*/true);
-    cached.stage(s.state);
-    r.stage_cached_gbps = gbps(r.bytes, best_of(3, [&] { cached.stage(s.state); }));
+    cached.stage(dcp::SaveableState(s.state));
+    r.stage_cached_gbps = gbps(r.bytes, best_of(3, [&] { cached.stage(dcp::SaveableState(s.state)); }));
   }
   dcp::BlockingAsyncStager uncached;
-  r.stage_uncached_gbps = gbps(r.bytes, best_of(2, [&] { uncached.stage(s.state); }));
+  r.stage_uncached_gbps = gbps(r.bytes, best_of(2, [&] { uncached.stage(dcp::SaveableState(s.state)); }));
 }
 
 // A sequential write of the same bytes and one fsync, as `dd conv=fsync` measures a disk.
@@ -224,11 +224,11 @@ void time_dcp_reads(const DcpBenchState& s, const Scratch& scratch, PythonPeer* 
 // save has finished, and the two swap places every turn.
 void time_dcp_async_against_stage(const DcpBenchState& s, const Scratch& scratch, DcpBenchResult& r) {
   dcp::BlockingAsyncStager cached(/*cache_staged_state_dict=*/true);
-  cached.stage(s.state);
+  cached.stage(dcp::SaveableState(s.state));
   dcp::FileSystemWriter writer(scratch.sub("checkpoint"), dcp::FileSystemWriterOptions().cache_staged_state_dict(true));
   dcp::async_save(s.state, writer).upload_completion.get();
   std::vector<double> stage_s, async_s;
-  const auto time_stage = [&] { stage_s.push_back(seconds([&] { cached.stage(s.state); })); };
+  const auto time_stage = [&] { stage_s.push_back(seconds([&] { cached.stage(dcp::SaveableState(s.state)); })); };
   const auto time_async_save = [&] {
     dcp::AsyncSaveResponse response;  // destroying it would wait for the save
     async_s.push_back(seconds([&] { response = dcp::async_save(s.state, writer); }));
@@ -530,10 +530,10 @@ DeviceStagingResult run_device_staging_bench(const DcpBenchOptions& options, c10
   const int64_t host_before = memory::host_buffer_stats().current_bytes;
   const int64_t device_before = memory::memory_allocated(device);
   memory::reset_peak_memory_stats(device);
-  stager.stage(state);  // allocates the cached buffers
+  stager.stage(dcp::SaveableState(state));  // allocates the cached buffers
   r.staging_host_bytes = memory::host_buffer_stats().current_bytes - host_before;
   r.staging_device_peak_bytes = memory::max_memory_allocated(device) - device_before;
-  r.stage_gbps = gbps(r.bytes, best_of(3, [&] { stager.stage(state); }));
+  r.stage_gbps = gbps(r.bytes, best_of(3, [&] { stager.stage(dcp::SaveableState(state)); }));
   dcp::FileSystemWriter writer(scratch.sub("checkpoint"));
   const auto start = std::chrono::steady_clock::now();
   dcp::AsyncSaveResponse response = dcp::async_save(state, writer, &stager);

@@ -5,17 +5,15 @@
 // they were at the call.
 
 #include <stowage/dcp/checkpoint.h>
-#include <stowage/state/state_dict.h>
+#include <stowage/dcp/saveable_state.h>
 
 namespace stowage::dcp::detail {
 
-// `plain` (the state with its Statefuls resolved, `state` the caller's, `flat` the
-// leaves of `plain`) with every tensor `options` names, or a Stateful of `state` lists in
-// entries_written_in_forward(), replaced by a copy taken now. Only the containers on
-// those entries' paths are new: `plain`, and everything it shares with the caller, stay
-// as they were. CPU tensors are copied into one buffer (a BatchNorm-heavy model has
-// hundreds of small buffers); device tensors are cloned in their stream's order.
-StateDict copy_before_return(const StateDict& state, const StateDict& plain, const FlatStateDict& flat,
-                             const AsyncSaveOptions& options);
+// `state` with every tensor `options` names, or its Statefuls list in
+// entries_written_in_forward(), replaced by a copy taken now; the other leaves stay
+// shared with the caller. CPU tensors are copied into one buffer (a BatchNorm-heavy
+// model has hundreds of small buffers); device tensors are cloned in their stream's
+// order.
+SaveableState copy_before_return(const SaveableState& state, const AsyncSaveOptions& options);
 
 }  // namespace stowage::dcp::detail

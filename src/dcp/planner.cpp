@@ -1,5 +1,4 @@
 #include "dcp/format/checks.h"
-#include "dcp/saveable.h"
 
 #include <stowage/dcp/planner.h>
 #include <stowage/error.h>
@@ -23,29 +22,18 @@ std::string describe_shape(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-void detail::check_saveable_tensor(const std::string& fqn, const at::Tensor& tensor) {
-  if (!tensor.defined()) {
-    throw InvalidArgument(fmt::format("checkpoint entry '{}' is an undefined tensor", fqn));
-  }
-  if (tensor.layout() != c10::kStrided || tensor.is_quantized()) {
-    throw InvalidArgument(fmt::format("checkpoint entry '{}' is a {} tensor; only dense tensors can be saved", fqn,
-                                      c10::toString(tensor.layout())));
-  }
-}
-
-SavePlan create_local_save_plan(const FlatStateDict& state, int64_t rank,
-                                const std::unordered_map<std::string, ShardLayout>& layouts) {
+SavePlan create_local_save_plan(const SaveableState& state, int64_t rank) {
   SavePlan plan;
   plan.rank = rank;
-  for (size_t i = 0; i < state.entries().size(); ++i) {
-    const FlatEntry& entry = state.entries()[i];
+  const std::unordered_map<std::string, ShardLayout>& layouts = state.layouts();
+  for (size_t i = 0; i < state.leaves().size(); ++i) {
+    const FlatEntry& entry = state.leaves().entries()[i];
     WriteItem item;
     item.fqn = entry.fqn;
     item.path = entry.path;
     item.data_index = i;
     if (entry.value.isTensor()) {
-      const at::Tensor& tensor = entry.value.toTensor();
-      detail::check_saveable_tensor(entry.fqn, tensor);
+      const at::Tensor& tensor = entry.value.toTensor();  // saveable: SaveableState's invariant
       item.kind = EntryKind::kTensor;
       item.dtype = tensor.scalar_type();
       if (const auto layout = layouts.find(entry.fqn); layout != layouts.end()) {

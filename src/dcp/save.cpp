@@ -3,48 +3,29 @@
 #include "dcp/format/plan_codec.h"
 #include "dcp/pending_save.h"
 #include "dcp/rank_outcomes.h"
-#include "dcp/saveable.h"
 #include "dcp/storage/file_io.h"
 #include "util/intra_op_threads.h"
 
 #include <stowage/dcp/checkpoint.h>
+#include <stowage/dcp/saveable_state.h>
 #include <stowage/error.h>
-#include <stowage/state/stateful.h>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <exception>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
-#include <unordered_map>
 #include <utility>
 
 namespace stowage::dcp {
 
 namespace {
-
-// A shallow copy with every top-level Stateful replaced by its state_dict().
-StateDict resolve_stateful(const StateDict& state) {
-  StateDict plain;
-  for (const auto& item : state) {
-    if (const c10::intrusive_ptr<Stateful> object = as_stateful(item.value())) {
-      plain.insert(item.key(), c10::IValue(object->state_dict()));
-    } else {
-      plain.insert(item.key(), item.value());
-    }
-  }
-  return plain;
-}
-
-std::vector<c10::IValue> leaves_of(const FlatStateDict& flat) {
-  std::vector<c10::IValue> data;
-  data.reserve(flat.size());
-  for (const FlatEntry& entry : flat.entries()) data.push_back(entry.value);
-  return data;
-}
 
 // What a rank saves: its plan and the leaves the plan indexes (the writer releases
 // them as it writes).
@@ -53,10 +34,13 @@ struct LocalSave {
   std::vector<c10::IValue> data;
 };
 
-// A rank's state with its shards' layouts, planned.
-LocalSave plan_local_save(const UnshardedState& state, int64_t rank) {
-  const FlatStateDict flat = flatten_state_dict(state.state);
-  return LocalSave{create_local_save_plan(flat, rank, state.layouts), leaves_of(flat)};
+// Plans `state`, which goes on return: buffers that nobody but the plan's data holds
+// (an uncached stager's snapshot) are freed as they are written.
+LocalSave plan_local_save(SaveableState state, int64_t rank) {
+  LocalSave local{create_local_save_plan(state, rank), {}};
+  local.data.reserve(state.leaves().size());
+  for (const FlatEntry& entry : state.leaves().entries()) local.data.push_back(entry.value);
+  return local;
 }
 
 // The save steps of one process, which is rank 0 and the coordinator.
@@ -197,19 +181,12 @@ Metadata run_save(const std::function<LocalSave()>& prepare, StorageWriter& writ
   return run_local_save(prepare(), writer);
 }
 
-// Plans a snapshot, dropping every reference to it but the plan's data, so that
-// buffers nobody else holds (an uncached stager's) are freed as they are written.
-LocalSave plan_snapshot(StateDict snapshot, const std::unordered_map<std::string, ShardLayout>& layouts, int64_t rank) {
-  UnshardedState state{std::exchange(snapshot, StateDict()), layouts};
-  return plan_local_save(state, rank);
-}
-
 }  // namespace
 
 Metadata save(const StateDict& state, StorageWriter& writer, std::optional<dist::ProcessGroup> group) {
   PendingSaveAccess::wait(writer);
   const int64_t rank = group ? group->rank() : 0;
-  return run_save([&] { return plan_local_save(unshard_state_dict(resolve_stateful(state)), rank); }, writer, group);
+  return run_save([&] { return plan_local_save(SaveableState(state), rank); }, writer, group);
 }
 
 namespace {
@@ -278,6 +255,136 @@ std::shared_ptr<AsyncSaveLane> async_save_lane(const dist::ProcessGroup& group) 
 
 }  // namespace
 
+namespace {
+
+// The other ends of an async_save's futures.
+struct AsyncSavePromises {
+  std::promise<void> staging;
+  std::promise<Metadata> upload;
+};
+
+// What the caller's thread hands the background save: the snapshot (taken, or its
+// future while the stager stages in the background), or the error that stopped it.
+struct StagingOutcome {
+  std::optional<std::shared_future<SaveableState>> background;
+  SaveableState snapshot;
+  std::exception_ptr error;
+};
+
+// Makes the state a save writes and starts staging it. With `keep_error` (a group) an
+// error is kept rather than thrown: it must still reach the other ranks through the
+// background save's collectives.
+StagingOutcome start_staging(const StateDict& state, AsyncStager& stager, const AsyncSaveOptions& options,
+                             bool keep_error) {
+  StagingOutcome outcome;
+  try {
+    const SaveableState source = detail::copy_before_return(SaveableState(state), options);
+    outcome.background = stager.stage_in_background(source);
+    if (!outcome.background) outcome.snapshot = stager.stage(source);
+  } catch (...) {
+    if (!keep_error) throw;
+    outcome.error = std::current_exception();
+  }
+  return outcome;
+}
+
+// Where a save runs its collectives (its lane's group; none without a group) and the
+// save of the lane it waits for first.
+struct SaveTurn {
+  std::optional<dist::ProcessGroup> group;
+  std::shared_future<void> previous_save;
+};
+
+SaveTurn take_turn(const std::optional<dist::ProcessGroup>& group, const std::shared_future<Metadata>& upload) {
+  if (!group) return {};
+  const std::shared_ptr<AsyncSaveLane> lane = async_save_lane(*group);
+  return SaveTurn{lane->group, lane->take_turn(std::async(std::launch::deferred, [upload] { upload.wait(); }).share())};
+}
+
+// One async_save's work on its own thread: waits for its snapshot and its turn, saves,
+// and completes the futures. Moved into the thread, so that nothing but the save holds
+// the snapshot (its buffers are freed as they are written).
+class BackgroundSave {
+ public:
+  BackgroundSave(StorageWriter& writer, StagingOutcome staging, SaveTurn turn, int64_t rank,
+                 std::shared_ptr<AsyncSavePromises> promises)
+      : writer_(writer),
+        staging_(std::move(staging)),
+        turn_(std::move(turn)),
+        rank_(rank),
+        promises_(std::move(promises)) {}
+
+  void run() {
+    util::run_aten_serially_on_this_thread();
+    std::optional<Metadata> committed;
+    std::exception_ptr failure;
+    try {
+      await_snapshot();
+      if (turn_.previous_save.valid()) turn_.previous_save.wait();
+      committed = run_save([this] { return prepare(); }, writer_, turn_.group);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    // Done with the writer: a save waiting for this one may start on it.
+    PendingSaveAccess::finished(writer_);
+    if (failure) {
+      promises_->upload.set_exception(failure);
+    } else {
+      promises_->upload.set_value(std::move(*committed));
+    }
+  }
+
+ private:
+  // Completes the staging future unless the caller's thread does (a snapshot taken
+  // there). A staging error ends a save without a group; a group's goes on to its
+  // collectives.
+  void await_snapshot() {
+    if (staging_.error) {
+      promises_->staging.set_exception(staging_.error);
+      return;
+    }
+    if (!staging_.background) return;
+    try {
+      staging_.snapshot = staging_.background->get();
+      staging_.background.reset();
+      promises_->staging.set_value();
+    } catch (...) {
+      staging_.error = std::current_exception();
+      promises_->staging.set_exception(staging_.error);
+      if (!turn_.group) throw;
+    }
+  }
+
+  LocalSave prepare() {
+    if (staging_.error) std::rethrow_exception(staging_.error);
+    return plan_local_save(std::exchange(staging_.snapshot, SaveableState()), rank_);
+  }
+
+  StorageWriter& writer_;
+  StagingOutcome staging_;
+  SaveTurn turn_;
+  int64_t rank_;
+  std::shared_ptr<AsyncSavePromises> promises_;
+};
+
+// Runs `save` on a thread of its own, joined when the last copy of the response goes.
+std::shared_ptr<const std::thread> start_thread(BackgroundSave save, StorageWriter& writer,
+                                                AsyncSavePromises& promises) {
+  try {
+    return std::shared_ptr<std::thread>(new std::thread(&BackgroundSave::run, std::move(save)),
+                                        [](std::thread* thread) {
+                                          thread->join();
+                                          delete thread;
+                                        });
+  } catch (...) {
+    PendingSaveAccess::finished(writer);
+    promises.upload.set_exception(std::current_exception());  // for a later save waiting on the stager
+    throw;
+  }
+}
+
+}  // namespace
+
 AsyncSaveResponse async_save(const StateDict& state, StorageWriter& writer, AsyncStager* stager,
                              AsyncSaveOptions options, std::optional<dist::ProcessGroup> group) {
   BlockingAsyncStager fallback;  // uncached: nothing to wait for
@@ -285,92 +392,18 @@ AsyncSaveResponse async_save(const StateDict& state, StorageWriter& writer, Asyn
   if (chosen == nullptr) chosen = dynamic_cast<AsyncStager*>(&writer);
   if (chosen == nullptr) chosen = &fallback;
   PendingSaveAccess::make_room(writer, *chosen, options.if_save_pending(), group);
-  auto staging = std::make_shared<std::promise<void>>();
-  auto upload = std::make_shared<std::promise<Metadata>>();
-  AsyncSaveResponse response{staging->get_future().share(), upload->get_future().share(), nullptr, nullptr};
-
-  // With a group, an error here must still reach the other ranks through the
-  // background save's collectives, so it is kept rather than thrown.
-  std::exception_ptr early_error;
-  std::optional<std::shared_future<StateDict>> background;
-  StateDict snapshot;
-  std::unordered_map<std::string, ShardLayout> layouts;
-  try {
-    UnshardedState plain = unshard_state_dict(resolve_stateful(state));
-    // What save's plan would reject, rejected before staging with save's error.
-    const FlatStateDict flat = flatten_state_dict(plain.state);
-    for (const FlatEntry& entry : flat.entries()) {
-      if (entry.value.isTensor()) detail::check_saveable_tensor(entry.fqn, entry.value.toTensor());
-    }
-    const StateDict source = detail::copy_before_return(state, plain.state, flat, options);
-    layouts = std::move(plain.layouts);
-    background = chosen->stage_in_background(source);
-    if (!background) snapshot = chosen->stage(source);
-  } catch (...) {
-    if (!group) throw;
-    early_error = std::current_exception();
-  }
-
-  std::optional<dist::ProcessGroup> save_group;
-  std::shared_future<void> previous_save;
-  if (group) {
-    const std::shared_ptr<AsyncSaveLane> lane = async_save_lane(*group);
-    save_group = lane->group;
-    previous_save = lane->take_turn(
-        std::async(std::launch::deferred, [upload = response.upload_completion] { upload.wait(); }).share());
-  }
-  const int64_t rank = group ? group->rank() : 0;
-  // Moved into the thread, so not const: a const closure would be copied, and this copy
-  // would hold the snapshot's buffers until async_save returns.
-  auto run = [&writer, background, snapshot = std::exchange(snapshot, StateDict()), layouts, staging, upload,
-              early_error, save_group, previous_save, rank]() mutable {
-    util::run_aten_serially_on_this_thread();
-    std::optional<Metadata> committed;
-    std::exception_ptr failure;
-    try {
-      if (early_error) {
-        staging->set_exception(early_error);
-      } else if (background) {
-        try {
-          snapshot = background->get();
-          background.reset();
-          staging->set_value();
-        } catch (...) {
-          early_error = std::current_exception();
-          staging->set_exception(early_error);
-          if (!save_group) throw;
-        }
-      }
-      if (previous_save.valid()) previous_save.wait();
-      const auto prepare = [&]() -> LocalSave {
-        if (early_error) std::rethrow_exception(early_error);
-        return plan_snapshot(std::exchange(snapshot, StateDict()), layouts, rank);
-      };
-      committed = run_save(prepare, writer, save_group);
-    } catch (...) {
-      failure = std::current_exception();
-    }
-    // Done with the writer: a save waiting for this one may start on it.
-    PendingSaveAccess::finished(writer);
-    if (failure) {
-      upload->set_exception(failure);
-    } else {
-      upload->set_value(std::move(*committed));
-    }
-  };
+  auto promises = std::make_shared<AsyncSavePromises>();
+  AsyncSaveResponse response{promises->staging.get_future().share(), promises->upload.get_future().share(), nullptr,
+                             nullptr};
+  StagingOutcome staging = start_staging(state, *chosen, options, /*keep_error=*/group.has_value());
+  const bool staged_now = !staging.background && !staging.error;
+  SaveTurn turn = take_turn(group, response.upload_completion);
   PendingSaveAccess::begin(writer, *chosen, response.upload_completion);
-  try {
-    response.background = std::shared_ptr<std::thread>(new std::thread(std::move(run)), [](std::thread* thread) {
-      thread->join();
-      delete thread;
-    });
-  } catch (...) {
-    PendingSaveAccess::finished(writer);
-    upload->set_exception(std::current_exception());  // for a later save waiting on the stager
-    throw;
-  }
-  if (!background && !early_error) {
-    staging->set_value();
+  const int64_t rank = group ? group->rank() : 0;
+  response.background =
+      start_thread(BackgroundSave(writer, std::move(staging), std::move(turn), rank, promises), writer, *promises);
+  if (staged_now) {
+    promises->staging.set_value();
     if (chosen->should_synchronize_after_execute()) chosen->synchronize_staging();
   }
   return response;

@@ -1,4 +1,3 @@
-#include "dcp/saveable.h"
 #include "util/intra_op_threads.h"
 
 #include <stowage/dcp/staging.h>
@@ -21,21 +20,35 @@ namespace stowage::dcp {
 
 // ------------------------------------------------------------------ AsyncStager
 
-StateDict AsyncStager::stage(const StateDict&) {
+SaveableState AsyncStager::stage(const SaveableState&) {
   throw NotImplemented("AsyncStager::stage is not implemented: a stager must override it");
 }
 
-std::optional<std::shared_future<StateDict>> AsyncStager::stage_in_background(const StateDict&) {
+std::optional<std::shared_future<SaveableState>> AsyncStager::stage_in_background(const SaveableState&) {
   return std::nullopt;
 }
 
 namespace {
 
-// Staging refuses what save would: the same error, before any copy.
-void check_saveable_tensors(const FlatStateDict& flat) {
-  for (const FlatEntry& entry : flat.entries()) {
-    if (entry.value.isTensor()) detail::check_saveable_tensor(entry.fqn, entry.value.toTensor());
-  }
+// Copies the whole storage of `source` into `bytes` (uint8, as many bytes).
+void copy_storage(const at::Tensor& source, at::Tensor& bytes, bool non_blocking) {
+  const c10::Storage& storage = source.storage();
+  const int64_t nbytes = static_cast<int64_t>(storage.nbytes());
+  const at::Tensor source_bytes = at::empty({0}, source.options().dtype(c10::kByte)).set_(storage, 0, {nbytes}, {1});
+  bytes.copy_(source_bytes, non_blocking);
+}
+
+// A view of `bytes` (a copy of the storage of `source`) exactly like the view `source`
+// has of its own storage. The buffer starts at a multiple of kHostArenaAlignment in
+// its arena, so at a whole number of elements.
+at::Tensor view_like(const at::Tensor& source, const at::Tensor& bytes) {
+  const int64_t offset = bytes.storage_offset() / static_cast<int64_t>(source.element_size()) + source.storage_offset();
+  at::Tensor view = at::empty({0}, bytes.options().dtype(source.scalar_type()))
+                        .set_(bytes.storage(), offset, source.sizes(), source.strides());
+  // The storage holds unresolved bytes: carry the source's lazy conjugation/negation.
+  if (source.is_conj()) view = view.conj();
+  if (source.is_neg()) view = at::_neg_view(view);
+  return view;
 }
 
 }  // namespace
@@ -45,25 +58,17 @@ void check_saveable_tensors(const FlatStateDict& flat) {
 BlockingAsyncStager::BlockingAsyncStager(bool cache_staged_state_dict, bool type_check)
     : cache_staged_state_dict_(cache_staged_state_dict), type_check_(type_check) {}
 
-StateDict BlockingAsyncStager::stage(const StateDict& state) {
-  check_saveable_tensors(flatten_state_dict(state));
-  if (!cache_staged_state_dict_) {
-    StateDict staged = create_cpu_state_dict(state);
-    copy_state_dict(state, staged, /*non_blocking=*/false, type_check_);
-    return staged;
-  }
-  if (cache_ && !state_dict_mismatch(state, *cache_, type_check_).empty()) {
+SaveableState BlockingAsyncStager::stage(const SaveableState& state) {
+  const FlatStateDict& source = state.leaves();
+  if (cache_ && !state_dict_mismatch(source, *cache_, type_check_).empty()) {
     cache_.reset();  // the structure changed: stage into new buffers below
   }
-  if (cache_) {
-    copy_state_dict(state, *cache_, /*non_blocking=*/false, type_check_);
-    return deep_copy_structure(*cache_);
-  }
-  // Pinned, like PyTorch's cached staging, where the build can pin.
-  StateDict cache = create_cpu_state_dict(state, CpuStateDictOptions{/*pin_memory=*/true, /*share_memory=*/false});
-  copy_state_dict(state, cache, /*non_blocking=*/false, type_check_);
-  cache_ = cache;
-  return deep_copy_structure(cache);
+  // Cached buffers are pinned, like PyTorch's cached staging, where the build can pin.
+  const CpuStateDictOptions buffer_options{/*pin_memory=*/cache_staged_state_dict_, /*share_memory=*/false};
+  FlatStateDict buffers = cache_ ? *cache_ : create_cpu_state_dict(source, buffer_options);
+  SaveableState staged = state.with_leaves(copy_state_dict(source, buffers, /*non_blocking=*/false, type_check_));
+  if (cache_staged_state_dict_) cache_ = std::move(buffers);
+  return staged;
 }
 
 void BlockingAsyncStager::close() {
@@ -111,7 +116,7 @@ void DefaultStager::prepare_streams(const FlatStateDict& flat) {
   }
 }
 
-StateDict DefaultStager::stage_now(const FlatStateDict& flat) {
+FlatStateDict DefaultStager::stage_now(const FlatStateDict& flat) {
   std::lock_guard<std::mutex> lock(cache_mutex_);
   for (auto it = cache_.begin(); it != cache_.end();) {
     it = it->second->source.expired() ? cache_.erase(it) : std::next(it);
@@ -152,36 +157,23 @@ StateDict DefaultStager::stage_now(const FlatStateDict& flat) {
     const void* key = storage.unsafeGetStorageImpl();
     at::Tensor bytes = cache_.at(key)->bytes;
     if (copied.insert(key).second) {
-      const int64_t nbytes = static_cast<int64_t>(storage.nbytes());
-      const at::Tensor source_bytes =
-          at::empty({0}, source.options().dtype(c10::kByte)).set_(storage, 0, {nbytes}, {1});
       const auto stream = streams_.find(source.device().str());
       if (options_.use_non_blocking_copy() && stream != streams_.end()) {
         const c10::StreamGuard guard(stream->second);
-        bytes.copy_(source_bytes, /*non_blocking=*/true);
+        copy_storage(source, bytes, /*non_blocking=*/true);
         if (std::find(used_streams.begin(), used_streams.end(), stream->second) == used_streams.end()) {
           used_streams.push_back(stream->second);
         }
       } else {
-        bytes.copy_(source_bytes);
+        copy_storage(source, bytes, /*non_blocking=*/false);
       }
     }
-    // A view of the staged storage exactly like the source's view of its own. The
-    // buffer starts at a multiple of kHostArenaAlignment in its arena, so at a whole
-    // number of elements.
-    const int64_t offset =
-        bytes.storage_offset() / static_cast<int64_t>(source.element_size()) + source.storage_offset();
-    at::Tensor view = at::empty({0}, bytes.options().dtype(source.scalar_type()))
-                          .set_(bytes.storage(), offset, source.sizes(), source.strides());
-    // The storage holds unresolved bytes: carry the source's lazy conjugation/negation.
-    if (source.is_conj()) view = view.conj();
-    if (source.is_neg()) view = at::_neg_view(view);
-    staged.add(FlatEntry{entry.fqn, entry.path, std::move(view)});
+    staged.add(FlatEntry{entry.fqn, entry.path, view_like(source, bytes)});
   }
   for (const c10::Stream& stream : used_streams) {
     if (!memory::sync_skipped(memory::SkippedSync::kStagingWait)) stream.synchronize();
   }
-  return unflatten_state_dict(staged);
+  return staged;
 }
 
 void DefaultStager::start_worker() {
@@ -205,19 +197,18 @@ void DefaultStager::worker_loop() {
   }
 }
 
-std::optional<std::shared_future<StateDict>> DefaultStager::stage_in_background(const StateDict& state) {
+std::optional<std::shared_future<SaveableState>> DefaultStager::stage_in_background(const SaveableState& state) {
   if (!options_.use_async_staging()) return std::nullopt;
-  auto flat = std::make_shared<FlatStateDict>(flatten_state_dict(state));  // errors surface here
-  check_saveable_tensors(*flat);
-  prepare_streams(*flat);
-  auto promise = std::make_shared<std::promise<StateDict>>();
-  std::shared_future<StateDict> future = promise->get_future().share();
+  prepare_streams(state.leaves());
+  auto source = std::make_shared<SaveableState>(state);
+  auto promise = std::make_shared<std::promise<SaveableState>>();
+  std::shared_future<SaveableState> future = promise->get_future().share();
   {
     std::lock_guard<std::mutex> lock(queue_mutex_);
     start_worker();
-    queue_.push_back([this, flat, promise] {
+    queue_.push_back([this, source, promise] {
       try {
-        promise->set_value(stage_now(*flat));
+        promise->set_value(source->with_leaves(stage_now(source->leaves())));
       } catch (...) {
         promise->set_exception(std::current_exception());
       }
@@ -228,14 +219,12 @@ std::optional<std::shared_future<StateDict>> DefaultStager::stage_in_background(
   return future;
 }
 
-StateDict DefaultStager::stage(const StateDict& state) {
+SaveableState DefaultStager::stage(const SaveableState& state) {
   if (options_.use_async_staging()) {
     return stage_in_background(state)->get();
   }
-  const FlatStateDict flat = flatten_state_dict(state);
-  check_saveable_tensors(flat);
-  prepare_streams(flat);
-  return stage_now(flat);
+  prepare_streams(state.leaves());
+  return state.with_leaves(stage_now(state.leaves()));
 }
 
 void DefaultStager::synchronize_staging() {

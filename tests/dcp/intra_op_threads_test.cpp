@@ -82,9 +82,9 @@ TEST(IntraOpThreads, StagingACpuTensorStartsNoTeamOnTheStagingThread) {
   const StateDict state = state_of({{"weights", large_tensor()}});
   const std::ptrdiff_t before = process_threads();
   DefaultStager stager(StagingOptions().use_pinned_memory(false).use_shared_memory(false));
-  auto staged = stager.stage_in_background(state);
+  auto staged = stager.stage_in_background(SaveableState(state));
   ASSERT_TRUE(staged.has_value());
-  EXPECT_TRUE(at::equal(staged->get().at("weights").toTensor(), state.at("weights").toTensor()));
+  EXPECT_TRUE(at::equal(staged->get().state_dict().at("weights").toTensor(), state.at("weights").toTensor()));
   // The staging thread lives as long as the stager: it alone is new.
   EXPECT_LE(process_threads(), before + 1) << "the staging thread started workers of its own";
 }

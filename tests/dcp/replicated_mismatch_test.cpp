@@ -57,7 +57,7 @@ TEST(DcpReplicatedMismatch, TheGlobalPlanListsEachRanksCopiesOfReplicatedBoxes) 
     StateDict state;
     if (rank < 2) state.insert("shared", torch::ones({4}));
     state.insert("own" + std::to_string(rank), torch::ones({2}));
-    plans.push_back(create_local_save_plan(flatten_state_dict(state), rank));
+    plans.push_back(create_local_save_plan(SaveableState(state), rank));
   }
   const GlobalSavePlan global = create_global_save_plan(plans);
   ASSERT_EQ(global.replicas.size(), 3u);

@@ -32,8 +32,8 @@ TEST(DcpSeed000, test_async_stager_protocol_defaults) {
   EXPECT_TRUE(protocol.should_synchronize_after_execute());
   StateDict state;
   state.insert("x", torch::ones({2}));
-  EXPECT_THROW(protocol.stage(state), NotImplemented);
-  EXPECT_FALSE(protocol.stage_in_background(state).has_value());
+  EXPECT_THROW(protocol.stage(SaveableState(state)), NotImplemented);
+  EXPECT_FALSE(protocol.stage_in_background(SaveableState(state)).has_value());
   protocol.synchronize_staging();  // returns nothing, does nothing
   protocol.close();
 }
@@ -42,7 +42,7 @@ TEST(DcpSeed000, test_blocking_async_stager_stage_npu_tensor_to_cpu_snapshot) {
   const c10::Device device = test_device();
   StateDict state = nested_state(device);
   BlockingAsyncStager stager;
-  StateDict staged = stager.stage(state);
+  StateDict staged = stager.stage(SaveableState(state)).state_dict();
 
   const at::Tensor weight = staged.at("weight").toTensor();
   const at::Tensor bias = StateDict(staged.at("inner").toGenericDict()).at("bias").toTensor();
@@ -66,9 +66,9 @@ TEST(DcpSeed000, test_blocking_async_stager_cached_reuses_cpu_buffer) {
   StateDict second;
   second.insert("w", torch::full({6}, 7.0f).to(device));
 
-  const at::Tensor staged_first = stager.stage(first).at("w").toTensor();
+  const at::Tensor staged_first = stager.stage(SaveableState(first)).state_dict().at("w").toTensor();
   const void* buffer = staged_first.data_ptr();
-  const at::Tensor staged_second = stager.stage(second).at("w").toTensor();
+  const at::Tensor staged_second = stager.stage(SaveableState(second)).state_dict().at("w").toTensor();
   EXPECT_EQ(staged_second.data_ptr(), buffer);
   EXPECT_TRUE(staged_second.device().is_cpu());
   EXPECT_TRUE(torch::equal(staged_second, torch::full({6}, 7.0f)));
@@ -79,7 +79,7 @@ TEST(DcpSeed000, test_blocking_async_stager_sync_noop_and_property) {
   AsyncStager& protocol = stager;
   EXPECT_FALSE(protocol.should_synchronize_after_execute());
   protocol.synchronize_staging();
-  EXPECT_FALSE(protocol.stage_in_background(StateDict()).has_value());
+  EXPECT_FALSE(protocol.stage_in_background(SaveableState()).has_value());
 }
 
 TEST(DcpSeed000, test_filesystem_writer_stage_sets_copy_ahead_zero) {
@@ -88,7 +88,7 @@ TEST(DcpSeed000, test_filesystem_writer_stage_sets_copy_ahead_zero) {
   EXPECT_EQ(writer.options().per_thread_copy_ahead(), 1024);
   StateDict state;
   state.insert("t", torch::arange(5, torch::kFloat64).to(test_device()));
-  const StateDict staged = writer.stage(state);
+  const StateDict staged = writer.stage(SaveableState(state)).state_dict();
   EXPECT_EQ(writer.options().per_thread_copy_ahead(), 0);
   EXPECT_TRUE(staged.at("t").toTensor().device().is_cpu());
   EXPECT_TRUE(torch::equal(staged.at("t").toTensor(), torch::arange(5, torch::kFloat64)));

@@ -184,8 +184,7 @@ TEST(DcpPlanner, RandomShardingsWithEmptyPiecesAnywherePlanOnceAndTile) {
       offsets[dim] = sizes[dim] == 0 ? draw(0, shape[dim]) : cuts[rank];
       StateDict state;
       state.insert("w", sharded_tensor(torch::zeros(sizes), shape, offsets));
-      const UnshardedState plain = unshard_state_dict(state);
-      plans.push_back(create_local_save_plan(flatten_state_dict(plain.state), rank, plain.layouts));
+      plans.push_back(create_local_save_plan(SaveableState(state), rank));
       non_empty += torch::zeros(sizes).numel() != 0 ? 1 : 0;
     }
     const std::string where = fmt::format("trial {}: shape [{}] cut along {} at [{}]", trial, fmt::join(shape, ", "),

@@ -27,7 +27,7 @@ using testing::ScratchDir;
 // then run before the snapshot is taken, as they may under load.
 class GatedStager final : public AsyncStager {
  public:
-  std::optional<std::shared_future<StateDict>> stage_in_background(const StateDict& state) override {
+  std::optional<std::shared_future<SaveableState>> stage_in_background(const SaveableState& state) override {
     return std::async(std::launch::async,
                       [opened = opened_, state] {
                         opened.wait();

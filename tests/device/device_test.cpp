@@ -115,7 +115,7 @@ TEST(Device, StagingBuffersArePinnedAtTheirExactSize) {
   }
   const int64_t pinned_before = stowage::memory::host_buffer_stats().pinned_bytes;
   stowage::dcp::DefaultStager stager(stowage::dcp::StagingOptions().use_async_staging(false));
-  const stowage::StateDict staged = stager.stage(state);
+  const stowage::StateDict staged = stager.stage(stowage::dcp::SaveableState(state)).state_dict();
   for (const auto& item : staged) {
     const at::Tensor& tensor = item.value().toTensor();
     EXPECT_TRUE(tensor.is_cpu()) << item.key();
@@ -134,9 +134,9 @@ TEST(Device, DefaultStagerCopiesOnItsOwnStreamWhileComputeRuns) {
   stowage::StateDict state;
   state.insert("w", torch::randn({64 << 20 >> 2}, at::TensorOptions().device(kCuda)));
   stowage::dcp::DefaultStager stager;
-  stager.stage(state);  // warm: the pinned buffers exist, the copy is all that is left
+  stager.stage(stowage::dcp::SaveableState(state));  // warm: the pinned buffers exist, the copy is all that is left
   const auto timeline = device_timeline([&] {
-    auto staged = stager.stage_in_background(state);
+    auto staged = stager.stage_in_background(stowage::dcp::SaveableState(state));
     busy_compute(40);  // the training step that goes on meanwhile, on the default stream
     staged->get();
   });

@@ -75,7 +75,7 @@ TEST(FullDisk, SavesIntoAFullFileSystemFailCleanlyAndLeakNothing) {
   dcp::DefaultStager background;
   int64_t failures = 0;
   StateDict training = generation_state(2);
-  background.stage(training);  // its buffers are cached from here on: not a leak
+  background.stage(dcp::SaveableState(training));  // its buffers are cached from here on: not a leak
   const Resources before;
   for (int round = 0; round < 3; ++round) {
     for (const SaveConfig& config : kSaveConfigs) {

@@ -81,7 +81,7 @@ TEST(IoErrors, SavesHittingEIOFailCleanlyAndLeakNothing) {
 
   dcp::DefaultStager background;
   StateDict training = generation_state(2);
-  background.stage(training);  // its buffers are cached from here on: not a leak
+  background.stage(dcp::SaveableState(training));  // its buffers are cached from here on: not a leak
   const Resources before;
   int64_t failures = 0;
   for (int round = 0; round < 2; ++round) {

@@ -109,7 +109,7 @@ stowage::StateDict device_state(c10::Device device) {
 bool staged_equals_source(const stowage::StateDict& state) {
   stowage::dcp::DefaultStager stager(stowage::dcp::StagingOptions(/*pinned=*/true, /*shared=*/false,
                                                                   /*async_staging=*/false, /*non_blocking=*/true));
-  const stowage::StateDict staged = stager.stage(state);
+  const stowage::StateDict staged = stager.stage(stowage::dcp::SaveableState(state)).state_dict();
   bool equal = true;
   for (const auto& item : state) {
     const at::Tensor copy = staged.at(item.key()).toTensor();
@@ -175,7 +175,8 @@ TEST_F(StowageOnSim, WithoutTheOffloadWaitTheRecomputationReadsInputsStillBeingC
 // before the snapshot is staged.
 class GatedStager final : public stowage::dcp::AsyncStager {
  public:
-  std::optional<std::shared_future<stowage::StateDict> > stage_in_background(const stowage::StateDict& state) override {
+  std::optional<std::shared_future<stowage::dcp::SaveableState> > stage_in_background(
+      const stowage::dcp::SaveableState& state) override {
     return std::async(std::launch::async,
                       [opened = opened_, state] {
                         opened.wait();

@@ -10,6 +10,7 @@
 #include <stowage/dcp/filesystem.h>
 #include <stowage/dcp/metadata.h>
 #include <stowage/dcp/planner.h>
+#include <stowage/dcp/saveable_state.h>
 #include <stowage/dcp/sharded_tensor.h>
 #include <stowage/dcp/staging.h>
 #include <stowage/dcp/storage.h>

@@ -68,7 +68,7 @@ class FileSystemWriter : public StorageWriter, public BlockingAsyncStager {
   const FileSystemWriterOptions& options() const { return options_; }
 
   // Sets per_thread_copy_ahead to 0, then stages like BlockingAsyncStager.
-  StateDict stage(const StateDict& state) override;
+  SaveableState stage(const SaveableState& state) override;
 
   SavePlan prepare_local_plan(SavePlan plan) override;
   std::vector<SavePlan> prepare_global_plan(std::vector<SavePlan> plans, const Metadata& metadata) override;

@@ -8,7 +8,7 @@
 // went and commits. In one process, rank 0 is both.
 
 #include <stowage/dcp/metadata.h>
-#include <stowage/dcp/sharded_tensor.h>
+#include <stowage/dcp/saveable_state.h>
 #include <stowage/state/state_dict.h>
 
 #include <cstdint>
@@ -30,7 +30,7 @@ struct WriteItem {
   int64_t nbytes = 0;
   // kValue: the value, which goes into the metadata rather than a data file.
   c10::IValue value;
-  // Index of the leaf in the rank's data (the flattened state dict it planned from).
+  // Index of the leaf in the rank's data (the leaves of the SaveableState it planned from).
   size_t data_index = 0;
 };
 
@@ -49,11 +49,9 @@ struct WriteResult {
   int64_t rank = 0;
 };
 
-// Local step, on every rank: one item per leaf; a tensor listed in `layouts` offers its
-// box of the global tensor, any other tensor the whole of it. Throws InvalidArgument
-// naming the entry for an undefined tensor or a sparse/quantized one.
-SavePlan create_local_save_plan(const FlatStateDict& state, int64_t rank,
-                                const std::unordered_map<std::string, ShardLayout>& layouts = {});
+// Local step, on every rank: one item per leaf of `state`; a shard (listed in its
+// layouts) offers its box of the global tensor, any other tensor the whole of it.
+SavePlan create_local_save_plan(const SaveableState& state, int64_t rank);
 
 struct GlobalSavePlan {
   std::vector<SavePlan> plans;  // indexed by rank; value items removed (they live in metadata)

@@ -1,10 +1,13 @@
 #pragma once
 
-// Stagers: turn a live state dict into a training-safe snapshot (a CPU copy that later
+// Stagers: turn a live state into a training-safe snapshot (a CPU copy that later
 // updates of the source never reach), so that an async_save can write it while
-// training goes on. Names and defaults follow torch.distributed.checkpoint.staging.
+// training goes on. Names and defaults follow torch.distributed.checkpoint.staging; a
+// stager stages the SaveableState that async_save made (flattened and checked once),
+// where PyTorch's takes the state dict itself.
 
 #include <stowage/dcp/metadata.h>
+#include <stowage/dcp/saveable_state.h>
 #include <stowage/state/state_dict.h>
 
 #include <c10/core/Device.h>
@@ -30,13 +33,13 @@ class AsyncStager {
 
   // Whether async_save calls synchronize_staging() right after it starts the write.
   virtual bool should_synchronize_after_execute() const { return true; }
-  // A snapshot of `state`, blocking until it is complete. The base throws
-  // NotImplemented.
-  virtual StateDict stage(const StateDict& state);
+  // A snapshot of `state` (state.with_leaves of the copies), blocking until it is
+  // complete. The base throws NotImplemented.
+  virtual SaveableState stage(const SaveableState& state);
   // Starts staging in the background and returns its future, or returns nullopt when
   // this stager only stages synchronously (async_save then calls stage()). This is the
   // C++ form of PyTorch's stage() returning either a Future or a state dict.
-  virtual std::optional<std::shared_future<StateDict>> stage_in_background(const StateDict& state);
+  virtual std::optional<std::shared_future<SaveableState>> stage_in_background(const SaveableState& state);
   // Waits for staging to finish; a no-op here.
   virtual void synchronize_staging() {}
   // Releases what the stager holds; a no-op here.
@@ -72,7 +75,7 @@ class BlockingAsyncStager : public AsyncStager {
   explicit BlockingAsyncStager(bool cache_staged_state_dict = false, bool type_check = false);
 
   bool should_synchronize_after_execute() const override { return false; }
-  StateDict stage(const StateDict& state) override;
+  SaveableState stage(const SaveableState& state) override;
   void synchronize_staging() override {}
   // Drops the cached buffers.
   void close() override;
@@ -83,7 +86,7 @@ class BlockingAsyncStager : public AsyncStager {
  private:
   bool cache_staged_state_dict_;
   bool type_check_;
-  std::optional<StateDict> cache_;
+  std::optional<FlatStateDict> cache_;
 };
 
 struct StagingOptions {
@@ -128,8 +131,8 @@ class DefaultStager : public AsyncStager {
   explicit DefaultStager(StagingOptions options = StagingOptions());
   ~DefaultStager() override;  // close()
 
-  StateDict stage(const StateDict& state) override;
-  std::optional<std::shared_future<StateDict>> stage_in_background(const StateDict& state) override;
+  SaveableState stage(const SaveableState& state) override;
+  std::optional<std::shared_future<SaveableState>> stage_in_background(const SaveableState& state) override;
   // Waits for the latest staging to finish (its errors stay in its future).
   void synchronize_staging() override;
   // Waits for staging in flight, stops the staging thread and frees every cached
@@ -148,7 +151,7 @@ class DefaultStager : public AsyncStager {
 
  private:
   struct CachedStorage;
-  StateDict stage_now(const FlatStateDict& flat);
+  FlatStateDict stage_now(const FlatStateDict& flat);
   void start_worker();
   void worker_loop();
   // The stager's own stream on `device` (made on first use, on the caller's thread),
@@ -165,7 +168,7 @@ class DefaultStager : public AsyncStager {
   std::deque<std::function<void()>> queue_;
   bool stopping_ = false;
   std::thread worker_;
-  std::shared_future<StateDict> latest_;
+  std::shared_future<SaveableState> latest_;
 };
 
 }  // namespace stowage::dcp

@@ -134,7 +134,7 @@ FileSystemWriter::FileSystemWriter(std::string path, FileSystemWriterOptions opt
   }
 }
 
-StateDict FileSystemWriter::stage(const StateDict& state) {
+SaveableState FileSystemWriter::stage(const SaveableState& state) {
   // Staged data is on the CPU already: copying ahead of the writes buys nothing.
   options_.per_thread_copy_ahead(0);
   return BlockingAsyncStager::stage(state);
