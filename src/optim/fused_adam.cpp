@@ -4,6 +4,7 @@
 #include "util/intra_op_threads.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
 
