@@ -34,9 +34,10 @@ struct LocalSave {
   std::vector<c10::IValue> data;
 };
 
-// Plans `state`, which goes on return: buffers that nobody but the plan's data holds
-// (an uncached stager's snapshot) are freed as they are written.
-LocalSave plan_local_save(SaveableState state, int64_t rank) {
+// Plans `state`. Callers pass a temporary, gone once the plan is made: buffers that
+// nobody but the plan's data holds (an uncached stager's snapshot) are freed as they
+// are written.
+LocalSave plan_local_save(const SaveableState& state, int64_t rank) {
   LocalSave local{create_local_save_plan(state, rank), {}};
   local.data.reserve(state.leaves().size());
   for (const FlatEntry& entry : state.leaves().entries()) local.data.push_back(entry.value);
