@@ -1,11 +1,11 @@
 #include <stowage/dist/gradient_reducer.h>
 #include <stowage/error.h>
 
+#include "dist/module_buffers.h"
 #include "util/intra_op_threads.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -35,14 +35,6 @@ struct Bucket {
   at::Tensor flat;
 };
 
-// The buffers of one device, their bytes side by side in one flat uint8 tensor there, so
-// that one broadcast carries them all, whatever their dtypes.
-struct BufferGroup {
-  std::vector<size_t> buffers;   // indices into the reducer's buffers
-  std::vector<int64_t> offsets;  // by slot: where its buffer's bytes start in `flat`
-  at::Tensor flat;
-};
-
 // A gradient the reducer cannot reduce.
 enum class Misuse : int64_t {
   kNone = 0,
@@ -50,29 +42,14 @@ enum class Misuse : int64_t {
   kWithGraph = 2,  // it came from a backward with create_graph=true
 };
 
-// What a parameter must keep for its slot to fit it.
-struct ParamShape {
-  std::vector<int64_t> sizes;
-  c10::ScalarType dtype;
-  c10::Device device;
-
-  explicit ParamShape(const at::Tensor& t) : sizes(t.sizes().vec()), dtype(t.scalar_type()), device(t.device()) {}
-  bool operator==(const ParamShape& other) const {
-    return sizes == other.sizes && dtype == other.dtype && device == other.device;
-  }
-  std::string str() const {
-    return fmt::format("[{}] {} on {}", fmt::join(sizes, ", "), c10::toString(dtype), device.str());
-  }
-};
-
 }  // namespace detail
 
 namespace {
 
 using detail::Bucket;
-using detail::BufferGroup;
 using detail::Misuse;
-using detail::ParamShape;
+using detail::ModuleBuffers;
+using detail::TensorShape;
 
 void check_params(const std::vector<at::Tensor>& params) {
   for (size_t i = 0; i < params.size(); ++i) {
@@ -126,34 +103,6 @@ std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params, const st
   return buckets;
 }
 
-// Where each slot starts is a multiple of this, so that a slot can be viewed as any dtype.
-constexpr int64_t kBufferAlignment = 16;
-
-// The buffers grouped by device, in the order each device first appears.
-std::vector<BufferGroup> make_buffer_groups(const std::vector<at::Tensor>& buffers) {
-  std::vector<BufferGroup> groups;
-  std::vector<c10::Device> devices;
-  std::vector<int64_t> bytes;
-  for (size_t i = 0; i < buffers.size(); ++i) {
-    if (!buffers[i].defined()) throw InvalidArgument(fmt::format("GradientReducer: buffer {} is undefined", i));
-    const auto device = std::find(devices.begin(), devices.end(), buffers[i].device());
-    const auto g = static_cast<size_t>(device - devices.begin());
-    if (device == devices.end()) {
-      devices.push_back(buffers[i].device());
-      groups.emplace_back();
-      bytes.push_back(0);
-    }
-    groups[g].buffers.push_back(i);
-    groups[g].offsets.push_back(bytes[g]);
-    const auto nbytes = static_cast<int64_t>(buffers[i].nbytes());
-    bytes[g] += (nbytes + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment;
-  }
-  for (size_t g = 0; g < groups.size(); ++g) {
-    groups[g].flat = at::empty({bytes[g]}, at::TensorOptions().dtype(at::kByte).device(devices[g]));
-  }
-  return groups;
-}
-
 // The name of the group the reducer's collectives run on: one per reducer made on
 // `group`, the same on every rank since each rank makes them in the same order.
 std::string reducer_group_name(const ProcessGroup& group) {
@@ -180,7 +129,7 @@ std::string misuse_message(Misuse misuse, int64_t param, int64_t rank) {
 // What the hooks, the communication thread and the methods share. The hooks run on the
 // backward's threads, the collectives on `worker`; `mutex` guards the fields below it.
 struct GradientReducer::State {
-  State(std::vector<at::Tensor> parameters, std::vector<at::Tensor> module_buffers, ProcessGroup reducer_group,
+  State(std::vector<at::Tensor> parameters, ModuleBuffers module_buffers, ProcessGroup reducer_group,
         GradientReducerOptions reducer_options)
       : params(std::move(parameters)),
         buffers(std::move(module_buffers)),
@@ -188,15 +137,13 @@ struct GradientReducer::State {
         options(std::move(reducer_options)) {}
 
   const std::vector<at::Tensor> params;
-  const std::vector<at::Tensor> buffers;
+  ModuleBuffers buffers;
   const ProcessGroup group;
   const GradientReducerOptions options;
   std::vector<Bucket> buckets;
-  std::vector<size_t> bucket_of;   // by parameter
-  std::vector<size_t> slot_of;     // by parameter: its place in its bucket
-  std::vector<ParamShape> shapes;  // by parameter: when the reducer was made
-  std::vector<BufferGroup> buffer_groups;
-  std::vector<ParamShape> buffer_shapes;  // by buffer: when the reducer was made
+  std::vector<size_t> bucket_of;    // by parameter
+  std::vector<size_t> slot_of;      // by parameter: its place in its bucket
+  std::vector<TensorShape> shapes;  // by parameter: when the reducer was made
   // Each parameter's AccumulateGrad node (kept alive, as the parameter holds it weakly) and
   // the key of the hook on it.
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
@@ -261,58 +208,12 @@ struct GradientReducer::State {
   // that no longer requires grad.
   void check_unchanged() const {
     for (size_t i = 0; i < params.size(); ++i) {
-      const ParamShape now(params[i]);
-      if (!(now == shapes[i])) {
-        throw InvalidArgument(fmt::format(
-            "GradientReducer: parameter {} changed from {} to {} since the reducer was made; make a new reducer", i,
-            shapes[i].str(), now.str()));
-      }
+      detail::check_shape_unchanged(params[i], shapes[i], "parameter", i);
       if (!params[i].requires_grad()) {
         throw InvalidArgument(fmt::format("GradientReducer: parameter {} no longer requires grad", i));
       }
     }
-    check_buffers_unchanged();
-  }
-
-  void check_buffers_unchanged() const {
-    for (size_t i = 0; i < buffers.size(); ++i) {
-      const ParamShape now(buffers[i]);
-      if (!(now == buffer_shapes[i])) {
-        throw InvalidArgument(fmt::format(
-            "GradientReducer: buffer {} changed from {} to {} since the reducer was made; make a new reducer", i,
-            buffer_shapes[i].str(), now.str()));
-      }
-    }
-  }
-
-  // The `slot`-th buffer of `group`'s place in its flat bytes, as the buffer's dtype and
-  // shape (contiguous).
-  at::Tensor buffer_slot(const BufferGroup& buffer_group, size_t slot) const {
-    const at::Tensor& buffer = buffers[buffer_group.buffers[slot]];
-    return buffer_group.flat.narrow(0, buffer_group.offsets[slot], static_cast<int64_t>(buffer.nbytes()))
-        .view(buffer.scalar_type())
-        .view(buffer.sizes());
-  }
-
-  // Rank 0's buffers into every rank's: one broadcast per device. REQUIRES: the worker is
-  // idle (no bucket in flight), so that the group's collectives stay in order.
-  void broadcast_buffers_now() {
-    const at::NoGradGuard no_grad;
-    const bool root = group.rank() == 0;
-    for (BufferGroup& buffer_group : buffer_groups) {
-      if (buffer_group.flat.numel() == 0) continue;
-      if (root) {
-        for (size_t k = 0; k < buffer_group.buffers.size(); ++k)
-          buffer_slot(buffer_group, k).copy_(buffers[buffer_group.buffers[k]]);
-      }
-      group.broadcast(buffer_group.flat, 0);
-      if (!root) {
-        for (size_t k = 0; k < buffer_group.buffers.size(); ++k) {
-          at::Tensor buffer = buffers[buffer_group.buffers[k]];
-          buffer.copy_(buffer_slot(buffer_group, k));
-        }
-      }
-    }
+    buffers.check_unchanged();
   }
 
   // Moves each hook to its parameter's AccumulateGrad node if the parameter has a new one
@@ -461,14 +362,12 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> params, std::vector<at:
     throw InvalidArgument(fmt::format("GradientReducer: bucket_cap_mb must be > 0, got {}", options.bucket_cap_mb()));
   }
   check_owners(options.gradient_owners(), params.size(), group.size());
-  std::vector<BufferGroup> buffer_groups = make_buffer_groups(buffers);
-  state_ = std::make_shared<State>(std::move(params), std::move(buffers), group.new_group(reducer_group_name(group)),
-                                   options);
+  ModuleBuffers module_buffers(std::move(buffers));  // before the collective new_group: it may throw
+  state_ = std::make_shared<State>(std::move(params), std::move(module_buffers),
+                                   group.new_group(reducer_group_name(group)), options);
   State& s = *state_;
-  s.buffer_groups = std::move(buffer_groups);
-  for (const at::Tensor& buffer : s.buffers) s.buffer_shapes.emplace_back(buffer);
   // Before any hook is set: it may throw (a failed collective).
-  if (s.options.broadcast_buffers()) s.broadcast_buffers_now();
+  if (s.options.broadcast_buffers()) s.buffers.broadcast_from_rank0(s.group);
   s.buckets = make_buckets(s.params, s.options.gradient_owners(),
                            static_cast<int64_t>(options.bucket_cap_mb() * 1024 * 1024), group.rank());
   s.bucket_of.resize(s.params.size());
@@ -595,12 +494,12 @@ void GradientReducer::synchronize() {
       }
     }
   }
-  if (s.options.broadcast_buffers()) s.broadcast_buffers_now();
+  if (s.options.broadcast_buffers()) s.buffers.broadcast_from_rank0(s.group);
 }
 
 void GradientReducer::broadcast_buffers() {
   State& s = *state_;
-  s.check_buffers_unchanged();
+  s.buffers.check_unchanged();
   {
     const std::lock_guard<std::mutex> lock(s.mutex);
     const auto pending = std::find(s.arrived.begin(), s.arrived.end(), true);
@@ -611,7 +510,7 @@ void GradientReducer::broadcast_buffers() {
           pending - s.arrived.begin()));
     }
   }
-  s.broadcast_buffers_now();
+  s.buffers.broadcast_from_rank0(s.group);
 }
 
 std::vector<std::vector<size_t>> GradientReducer::buckets() const {
