@@ -1,18 +1,13 @@
-// c10d's ProcessGroupGloo behind stowage::dist::ProcessGroup. Only collectives that
-// LibTorch 1.13 and 2.x both have, with the same signatures, are used.
-#ifndef USE_C10D_GLOO
-#define USE_C10D_GLOO  // the c10d headers declare ProcessGroupGloo only under it
-#endif
+// c10d's ProcessGroupGloo behind stowage::dist::ProcessGroup: its collectives, and how a
+// group fails on every rank at once. Only collectives that LibTorch 1.13 and 2.x both
+// have, with the same signatures, are used.
+#include "dist/process_group_impl.h"
 
-#include <stowage/dist/process_group.h>
 #include <stowage/error.h>
 
 #include "util/exception_message.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <torch/version.h>
 
 #if defined(STOWAGE_WITH_CUDA)
 #ifndef USE_C10D_NCCL
@@ -27,63 +22,12 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
-#include <limits>
-#include <map>
-#include <optional>
-#include <mutex>
 #include <thread>
 #include <utility>
 
-#include <signal.h>
-
 namespace stowage::dist {
-
-// What the collectives run on: ProcessGroupGloo's base class, which c10d renamed.
-#if TORCH_VERSION_MAJOR >= 2
-using CollectiveBackend = c10d::Backend;
-#else
-using CollectiveBackend = c10d::ProcessGroup;
-#endif
-
-struct ProcessGroup::Impl {
-  c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<CollectiveBackend> backend;         // Gloo
-  c10::intrusive_ptr<CollectiveBackend> device_backend;  // NCCL, made on first use
-  int64_t rank = 0;
-  int64_t size = 1;
-  std::chrono::milliseconds timeout{};
-  std::chrono::milliseconds check_in_timeout{};
-  std::string name;
-  // The rank whose process hosts the TCPStore (-1: torchrun's agent does): when the
-  // store is unreachable, that rank is gone.
-  int64_t store_host = 0;
-
-  // Set once a collective failed: the group is out of step for good. Only the thread
-  // that runs the group's collectives touches it (they run one at a time).
-  std::optional<CollectiveError> failure;
-
-  std::mutex mutex;  // guards attachments
-  std::map<std::string, std::shared_ptr<void>> attachments;
-};
-
 namespace {
-
-c10::intrusive_ptr<CollectiveBackend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank,
-                                                int64_t size, std::chrono::milliseconds timeout) {
-  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-  // GLOO_SOCKET_IFNAME picks the interface as in PyTorch; otherwise the host name's
-  // address (or the loopback interface when it has none).
-  const char* interface = std::getenv("GLOO_SOCKET_IFNAME");
-  if (interface != nullptr && *interface != '\0') {
-    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(interface));
-  } else {
-    options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-  }
-  options->threads = 2;
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(rank), static_cast<int>(size), options);
-}
 
 // The group's failure record in the store, under the group's prefix: a group fails at
 // most once (afterwards every collective throws), so these keys are unique to the
@@ -216,24 +160,6 @@ void check_collective_tensor(const at::Tensor& tensor, const char* what) {
   }
 }
 
-int64_t env_int(const char* name) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') {
-    throw InvalidArgument(
-        fmt::format("init_process_group_from_env: environment variable {} is not set "
-                    "(run under torchrun or `stowage launch`)",
-                    name));
-  }
-  char* end = nullptr;
-  errno = 0;
-  const long long parsed = std::strtoll(value, &end, 10);
-  if (errno != 0 || end == value || *end != '\0' || parsed < 0) {
-    throw InvalidArgument(fmt::format(
-        "init_process_group_from_env: environment variable {}='{}' is not a non-negative integer", name, value));
-  }
-  return parsed;
-}
-
 }  // namespace
 
 CollectiveError::CollectiveError(const std::string& message, std::vector<int64_t> unresponsive_ranks)
@@ -291,37 +217,49 @@ std::shared_ptr<void> ProcessGroup::attachment(const std::string& key,
   return attached;
 }
 
-std::vector<std::string> ProcessGroup::all_gather(const std::string& bytes) const {
-  Impl& g = *impl_;
-  // Gloo moves equal-sized tensors: exchange the lengths, then the padded bytes.
-  std::vector<at::Tensor> length_in{at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong)};
+namespace {
+
+// Every rank's length of its bytes, on every rank (`what`: the collective, for its
+// errors). Gloo moves equal-sized tensors: the bytes follow padded to the longest.
+std::vector<int64_t> all_gather_lengths(ProcessGroup::Impl& g, size_t length, const char* what) {
+  std::vector<at::Tensor> length_in{at::full({1}, static_cast<int64_t>(length), at::kLong)};
   std::vector<std::vector<at::Tensor>> length_out(1);
   for (int64_t r = 0; r < g.size; ++r) length_out[0].push_back(at::empty({1}, at::kLong));
   c10d::AllgatherOptions options;
   options.timeout = g.timeout;
-  run(g, "all_gather (lengths)", [&] { return g.backend->allgather(length_out, length_in, options); });
-  int64_t padded = 1;
-  for (const at::Tensor& length : length_out[0]) padded = std::max(padded, length.item<int64_t>());
+  run(g, what, [&] { return g.backend->allgather(length_out, length_in, options); });
+  std::vector<int64_t> lengths;
+  for (const at::Tensor& each : length_out[0]) lengths.push_back(each.item<int64_t>());
+  return lengths;
+}
+
+// The padded length of `lengths`: the longest, and one at least (Gloo moves no empty tensor).
+int64_t padded_length(const std::vector<int64_t>& lengths) {
+  return std::max<int64_t>(1, *std::max_element(lengths.begin(), lengths.end()));
+}
+
+}  // namespace
+
+std::vector<std::string> ProcessGroup::all_gather(const std::string& bytes) const {
+  Impl& g = *impl_;
+  const std::vector<int64_t> lengths = all_gather_lengths(g, bytes.size(), "all_gather (lengths)");
+  const int64_t padded = padded_length(lengths);
   std::vector<at::Tensor> data_in{bytes_tensor(bytes, padded)};
   std::vector<std::vector<at::Tensor>> data_out(1);
   for (int64_t r = 0; r < g.size; ++r) data_out[0].push_back(at::empty({padded}, at::kByte));
+  c10d::AllgatherOptions options;
+  options.timeout = g.timeout;
   run(g, "all_gather", [&] { return g.backend->allgather(data_out, data_in, options); });
   std::vector<std::string> result;
-  for (int64_t r = 0; r < g.size; ++r) result.push_back(tensor_bytes(data_out[0][r], length_out[0][r].item<int64_t>()));
+  for (int64_t r = 0; r < g.size; ++r) result.push_back(tensor_bytes(data_out[0][r], lengths[r]));
   return result;
 }
 
 std::vector<std::string> ProcessGroup::gather(const std::string& bytes, int64_t root) const {
   Impl& g = *impl_;
-  std::vector<at::Tensor> length_in{at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong)};
-  std::vector<std::vector<at::Tensor>> length_out(1);
-  for (int64_t r = 0; r < g.size; ++r) length_out[0].push_back(at::empty({1}, at::kLong));
-  c10d::AllgatherOptions all_options;
-  all_options.timeout = g.timeout;
   // Every rank needs the padded length, so the lengths go everywhere.
-  run(g, "gather (lengths)", [&] { return g.backend->allgather(length_out, length_in, all_options); });
-  int64_t padded = 1;
-  for (const at::Tensor& length : length_out[0]) padded = std::max(padded, length.item<int64_t>());
+  const std::vector<int64_t> lengths = all_gather_lengths(g, bytes.size(), "gather (lengths)");
+  const int64_t padded = padded_length(lengths);
   std::vector<at::Tensor> data_in{bytes_tensor(bytes, padded)};
   std::vector<std::vector<at::Tensor>> data_out;
   if (g.rank == root) {
@@ -335,7 +273,7 @@ std::vector<std::string> ProcessGroup::gather(const std::string& bytes, int64_t 
   std::vector<std::string> result;
   if (g.rank == root) {
     for (int64_t r = 0; r < g.size; ++r) {
-      result.push_back(tensor_bytes(data_out[0][r], length_out[0][r].item<int64_t>()));
+      result.push_back(tensor_bytes(data_out[0][r], lengths[r]));
     }
   }
   return result;
@@ -493,99 +431,6 @@ void ProcessGroup::broadcast(at::Tensor& tensor, int64_t root) const {
   options.rootRank = root;
   options.timeout = g.timeout;
   run(g, "broadcast", [&] { return backend.broadcast(tensors, options); });
-}
-
-namespace {
-
-// Gloo and the TCPStore write to their sockets without MSG_NOSIGNAL: once a peer has
-// died, the next write raises SIGPIPE, whose default action kills this process before
-// c10d can report the dead rank. Python ignores SIGPIPE at start-up and c10d relies on
-// it; a C++ program must do the same, unless it has chosen its own disposition.
-void ignore_sigpipe_unless_handled() {
-  struct sigaction current {};
-  if (sigaction(SIGPIPE, nullptr, &current) == 0 && (current.sa_flags & SA_SIGINFO) == 0 &&
-      current.sa_handler == SIG_DFL) {
-    signal(SIGPIPE, SIG_IGN);
-  }
-}
-
-// LibTorch 2.x's TCPStoreOptions::useLibUV defaults to true, and a LibTorch built without
-// libuv (Debian's 2.6) then throws from every TCPStore. A save's few keys need no libuv:
-// the classic backend is in every build. Options without the field (1.13) are left alone.
-template <typename StoreOptions>
-auto use_classic_store_backend(StoreOptions& options, int) -> decltype(options.useLibUV = false, void()) {
-  options.useLibUV = false;
-}
-template <typename StoreOptions>
-void use_classic_store_backend(StoreOptions&, long) {}
-
-// `attempt`: torchrun's restart count when its agent hosts the store, else empty.
-ProcessGroup join_group(const std::string& master_addr, int master_port, int64_t rank, int64_t world_size,
-                        const std::string& attempt, const ProcessGroupOptions& options) {
-  const bool host_store = attempt.empty();
-  if (world_size < 1 || rank < 0 || rank >= world_size) {
-    throw InvalidArgument(
-        fmt::format("init_process_group: rank {} is not within a world of size {}", rank, world_size));
-  }
-  if (master_port < 1 || master_port > std::numeric_limits<uint16_t>::max()) {
-    throw InvalidArgument(fmt::format("init_process_group: MASTER_PORT {} is not a TCP port", master_port));
-  }
-  if (options.timeout().count() <= 0 || options.check_in_timeout().count() <= 0) {
-    throw InvalidArgument(
-        fmt::format("init_process_group: the timeout and check_in_timeout must be positive, got {} "
-                    "and {} ms",
-                    options.timeout().count(), options.check_in_timeout().count()));
-  }
-  ignore_sigpipe_unless_handled();
-  auto impl = std::make_shared<ProcessGroup::Impl>();
-  impl->rank = rank;
-  impl->size = world_size;
-  impl->timeout = options.timeout();
-  impl->check_in_timeout = options.check_in_timeout();
-  impl->store_host = host_store ? 0 : -1;
-  impl->name = "stowage";
-  try {
-    c10d::TCPStoreOptions store_options;
-    store_options.port = static_cast<uint16_t>(master_port);
-    store_options.isServer = host_store && rank == 0;
-    store_options.numWorkers = static_cast<size_t>(world_size);
-    store_options.waitWorkers = true;
-    store_options.timeout = options.timeout();
-    use_classic_store_backend(store_options, 0);
-    auto tcp = c10::make_intrusive<c10d::TCPStore>(master_addr, store_options);
-    const std::string prefix = host_store ? impl->name : fmt::format("/worker/attempt_{}/{}", attempt, impl->name);
-    impl->store = c10::make_intrusive<c10d::PrefixStore>(prefix, tcp);
-    impl->backend = make_gloo(impl->store, rank, world_size, impl->timeout);
-  } catch (const std::exception& e) {
-    throw Error(fmt::format("init_process_group: rank {} of {} cannot join the group at {}:{} within {} ms: {}", rank,
-                            world_size, master_addr, master_port, options.timeout().count(), exception_message(e)));
-  }
-  return ProcessGroup(std::move(impl));
-}
-
-}  // namespace
-
-ProcessGroup init_process_group(const std::string& master_addr, int master_port, int64_t rank, int64_t world_size,
-                                ProcessGroupOptions options) {
-  return join_group(master_addr, master_port, rank, world_size, /*attempt=*/"", options);
-}
-
-ProcessGroup init_process_group_from_env(ProcessGroupOptions options) {
-  const char* addr = std::getenv("MASTER_ADDR");
-  if (addr == nullptr || *addr == '\0') {
-    throw InvalidArgument(
-        "init_process_group_from_env: environment variable MASTER_ADDR is not set (run under torchrun or "
-        "`stowage launch`)");
-  }
-  const int64_t port = env_int("MASTER_PORT");
-  if (port > std::numeric_limits<uint16_t>::max()) {
-    throw InvalidArgument(fmt::format("init_process_group_from_env: MASTER_PORT={} is not a TCP port", port));
-  }
-  // torchrun's agent may host the store itself and say so; rank 0 then joins it.
-  const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
-  const bool agent_hosts_store = agent_store != nullptr && std::string(agent_store) == "True";
-  const std::string attempt = agent_hosts_store ? std::to_string(env_int("TORCHELASTIC_RESTART_COUNT")) : "";
-  return join_group(addr, static_cast<int>(port), env_int("RANK"), env_int("WORLD_SIZE"), attempt, options);
 }
 
 void check_one_dtype_one_device(const std::vector<at::Tensor>& tensors, const std::string& who) {
