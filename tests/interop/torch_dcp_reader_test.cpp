@@ -4,7 +4,7 @@
 
 #include "build_paths.h"
 #include "dcp/test_util.h"
-#include "interop/restricted_unpickler.h"
+#include "interop/literal_bytes.h"
 #include "interop/torch_save_archive.h"
 
 #include <stowage/dcp/dcp.h>
@@ -26,15 +26,10 @@ namespace stowage::dcp {
 namespace {
 
 using nlohmann::json;
+using testing::bytes_of;
 using testing::read_file;
 using testing::ScratchDir;
 using testing::write_file;
-
-// The bytes of a literal, NULs included.
-template <size_t N>
-std::string bytes_of(const char (&literal)[N]) {
-  return std::string(literal, N - 1);
-}
 
 const std::string kFixtures = test_paths::source_dir() + "/tests/interop/fixtures/torch_dcp";
 
@@ -492,120 +487,6 @@ TEST(TorchDcpReaderHostile, ValuesStowageCannotHoldNameTheEntry) {
     EXPECT_EQ(e.entry(), "tags");
     EXPECT_NE(std::string(e.what()).find("set' is not allowed"), std::string::npos) << e.what();
   }
-}
-
-// ------------------------------------------------------------------ the unpickler itself
-
-detail::PickleRef unpickle(const std::string& bytes) {
-  detail::UnpicklerOptions options;
-  options.origin = "test pickle";
-  return detail::unpickle(bytes, options);
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const CorruptionError& e) {
-    return e.what();
-  }
-  return "no error";
-}
-
-TEST(TorchDcpUnpickler, DecodesPlainValues) {
-  // pickle.dumps({'a': [1, -2, 2**40], 'b': (1.5, None, True), 'c': 'x'}, protocol=4)
-  const std::string bytes = bytes_of(
-      "\x80\x04\x95\x2d\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x01"
-      "a\x94]\x94(K\x01J\xfe\xff\xff\xff\x8a\x06\x00\x00"
-      "\x00\x00\x00\x01"
-      "e\x8c\x01"
-      "b\x94G?\xf8\x00\x00\x00\x00\x00\x00N\x88\x87\x94\x8c\x01"
-      "c\x94\x8c\x01x\x94u.");
-  const detail::PickleRef value = unpickle(bytes);
-  ASSERT_TRUE(value->is(detail::PickleValue::Kind::kDict));
-  const detail::PickleValue* a = value->find("a");
-  ASSERT_TRUE(a != nullptr && a->items.size() == 3);
-  EXPECT_EQ(a->items[1]->integer, -2);
-  EXPECT_EQ(a->items[2]->integer, int64_t(1) << 40);
-  const detail::PickleValue* b = value->find("b");
-  ASSERT_TRUE(b != nullptr && b->items.size() == 3);
-  EXPECT_EQ(b->items[0]->floating, 1.5);
-  EXPECT_EQ(value->find("c")->text, "x");
-}
-
-TEST(TorchDcpUnpickler, RefusesCyclesAndDeepNesting) {
-  // EMPTY_LIST MEMOIZE BINGET 0 APPEND: a list inside itself.
-  EXPECT_NE(error_of([] {
-              unpickle(
-                  bytes_of("\x80\x04]\x94h\x00"
-                           "a."));
-            }).find("put into itself"),
-            std::string::npos);
-  std::string deep = "\x80\x04";
-  for (int i = 0; i < 100; ++i) deep += ']';
-  for (int i = 0; i < 99; ++i) deep += 'a';
-  deep += '.';
-  EXPECT_NE(error_of([&] { unpickle(deep); }).find("nest deeper"), std::string::npos);
-  // A container changed after it was put into another one.
-  EXPECT_NE(error_of([] {
-              unpickle(
-                  bytes_of("\x80\x04]\x94]h\x00"
-                           "a\x94h\x00N"
-                           "a0."));
-            }).find("changed after"),
-            std::string::npos);
-}
-
-// Each value built counts against the budget, so that memory stays a bounded multiple
-// of the input's size.
-TEST(TorchDcpUnpickler, RefusesMoreValuesThanItsBudget) {
-  detail::UnpicklerOptions options;
-  options.origin = "test pickle";
-  options.max_values = 100;
-  std::string many = bytes_of("\x80\x04(");
-  for (int i = 0; i < 1000; ++i) many += '}';  // EMPTY_DICT
-  many += "l.";
-  EXPECT_NE(error_of([&] { detail::unpickle(many, options); }).find("it builds more than 100 values"),
-            std::string::npos);
-  // Arguments copied out of a memoized tuple count too: (1, 2) is applied 60 times.
-  static const std::vector<detail::AllowedGlobal> globals = {{"torch", "Size", detail::GlobalUse::kCallable}};
-  options.globals = &globals;
-  std::string calls = bytes_of("\x80\x04(\x8c\x05torch\x8c\x04Size\x93\x94K\x01K\x02\x86\x94R");
-  for (int i = 0; i < 60; ++i) calls += bytes_of("h\x00h\x01R");
-  calls += "l.";
-  EXPECT_NE(error_of([&] { detail::unpickle(calls, options); }).find("it builds more than 100 values"),
-            std::string::npos);
-  options.max_values = -1;  // the default: one a byte, and more
-  EXPECT_EQ(error_of([&] { detail::unpickle(many, options); }), "no error");
-  EXPECT_EQ(error_of([&] { detail::unpickle(calls, options); }), "no error");
-}
-
-// REDUCE copies its arguments: a memoized argument tuple fetched again is intact.
-TEST(TorchDcpUnpickler, ReduceLeavesAMemoizedArgumentTupleIntact) {
-  static const std::vector<detail::AllowedGlobal> globals = {{"torch", "Size", detail::GlobalUse::kCallable}};
-  detail::UnpicklerOptions options;
-  options.origin = "test pickle";
-  options.globals = &globals;
-  // (torch.Size((1, 2)), (1, 2)) with the tuple memoized and fetched by BINGET.
-  const detail::PickleRef value = detail::unpickle(bytes_of("\x80\x04\x8c\x05torch\x8c\x04Size\x93K\x01K\x02\x86\x94R"
-                                                            "h\x00\x86."),
-                                                   options);
-  ASSERT_TRUE(value->is(detail::PickleValue::Kind::kTuple));
-  ASSERT_EQ(value->items.size(), 2u);
-  const detail::PickleValue& call = *value->items[0];
-  ASSERT_TRUE(call.is(detail::PickleValue::Kind::kCall));
-  ASSERT_EQ(call.items.size(), 2u);
-  EXPECT_EQ(call.items[1]->integer, 2);
-  const detail::PickleValue& args = *value->items[1];
-  ASSERT_TRUE(args.is(detail::PickleValue::Kind::kTuple));
-  ASSERT_EQ(args.items.size(), 2u);
-  EXPECT_EQ(args.items[0]->integer, 1);
-  EXPECT_EQ(args.items[1]->integer, 2);
-}
-
-TEST(TorchDcpUnpickler, RefusesTrailingBytesAndMissingMemo) {
-  EXPECT_NE(error_of([] { unpickle(bytes_of("\x80\x04N.N")); }).find("follow STOP"), std::string::npos);
-  EXPECT_NE(error_of([] { unpickle(bytes_of("\x80\x04h\x07.")); }).find("memo entry 7"), std::string::npos);
 }
 
 // ------------------------------------------------------------------ live torch
