@@ -2,8 +2,12 @@
 
 #include "cli_numbers.h"
 
-#include <fmt/format.h>
+#include <stowage/error.h>
 
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -144,6 +148,13 @@ std::vector<std::string> value_texts(const std::vector<std::string>& values) {
   return values;  // one flag each
 }
 
+// A flag's name as a JSON key: "--seq-len" is "seq_len".
+std::string json_key(const TrainFlag& flag) {
+  std::string key = std::string(flag.name).substr(2);
+  std::replace(key.begin(), key.end(), '-', '_');
+  return key;
+}
+
 }  // namespace
 
 void add_train_options(CLI::App& command, TrainOptions& options) {
@@ -181,6 +192,20 @@ std::vector<std::string> train_arguments(const TrainOptions& options) {
         flag.field);
   }
   return arguments;
+}
+
+nlohmann::json train_options_json(const TrainOptions& options, const std::vector<std::string>& fields) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const std::string& field : fields) {
+    const auto& flags = train_flags();
+    const auto flag =
+        std::find_if(flags.begin(), flags.end(), [&field](const TrainFlag& each) { return json_key(each) == field; });
+    if (flag == flags.end()) {
+      throw InvalidArgument(fmt::format("train_options_json: no flag of `stowage train` sets '{}'", field));
+    }
+    std::visit([&](auto member) { out[field] = options.*member; }, flag->field);
+  }
+  return out;
 }
 
 }  // namespace stowage::cli

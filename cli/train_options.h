@@ -7,6 +7,7 @@
 // benchmark writes are the ones the command reads.
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 #include <cstdint>
 #include <string>
@@ -61,5 +62,10 @@ void add_train_options(CLI::App& command, TrainOptions& options);
 // The arguments (after `train`) from which add_train_options's parser makes `options`: each
 // flag whose field differs from a default TrainOptions's, written from the same list.
 std::vector<std::string> train_arguments(const TrainOptions& options);
+
+// `fields` of `options` as one JSON object, each under its flag's name in snake case
+// ("seq_len" for --seq-len): what a benchmark reports of the runs it made, or asks its
+// PyTorch peer to train. Throws InvalidArgument naming a field that is no flag's.
+nlohmann::json train_options_json(const TrainOptions& options, const std::vector<std::string>& fields);
 
 }  // namespace stowage::cli

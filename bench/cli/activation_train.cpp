@@ -290,18 +290,14 @@ nlohmann::json to_json(const ActivationTrainBenchResult& r) {
   for (const int64_t seq_len : r.options.seq_lens) {
     for (auto& goal : activation_goals_at(r, seq_len).json) goals.push_back(std::move(goal));
   }
-  return {{"benchmark", "activation_train"},
-          {"device", r.options.train.device},
-          {"timed", timed_device(r.options.train.device)},
-          {"layers", r.options.train.layers},
-          {"width", r.options.train.width},
-          {"heads", r.options.train.heads},
-          {"batch", r.options.train.batch},
-          {"threads", r.options.train.threads},
-          {"steps", r.options.train.steps},
-          {"rounds", r.options.rounds},
-          {"rows", activation_rows_table(r).json()},
-          {"goals", goals}};
+  nlohmann::json out =
+      train_options_json(r.options.train, {"device", "layers", "width", "heads", "batch", "threads", "steps"});
+  out["benchmark"] = "activation_train";
+  out["timed"] = timed_device(r.options.train.device);
+  out["rounds"] = r.options.rounds;
+  out["rows"] = activation_rows_table(r).json();
+  out["goals"] = goals;
+  return out;
 }
 
 std::string to_text(const ActivationTrainBenchResult& r) {

@@ -127,15 +127,10 @@ int64_t parameter_count(const CapacityBenchOptions& o, int64_t layers) {
 
 nlohmann::json run_capacity_bench(const CapacityBenchOptions& o) {
   const bench::Scratch scratch(o.dir, "capacity");
-  nlohmann::json out{{"steps", o.train.steps},
-                     {"batch", o.train.batch},
-                     {"seq_len", o.train.seq_len},
-                     {"width", o.train.width},
-                     {"heads", o.train.heads},
-                     {"swap_times", o.train.swap_times},
-                     {"max_layers", o.max_layers},
-                     {"device", "sim (simulated accelerator: sizes only, its time is no device's)"},
-                     {"capacities", nlohmann::json::array()}};
+  nlohmann::json out = train_options_json(o.train, {"steps", "batch", "seq_len", "width", "heads", "swap_times"});
+  out["max_layers"] = o.max_layers;
+  out["device"] = "sim (simulated accelerator: sizes only, its time is no device's)";
+  out["capacities"] = nlohmann::json::array();
   for (const std::string& capacity : o.capacities) {
     nlohmann::json row{{"capacity", capacity}};
     for (const Mode mode : {Mode::kPlain, Mode::kStowageHost, Mode::kStowageDisk}) {

@@ -189,22 +189,12 @@ TimedRun run_stowage_train(TrainOptions train, const bench::Scratch& scratch) {
 TimedRun run_pytorch_train(const TrainBenchOptions& o, const bench::Scratch& scratch, bench::PythonPeer& peer) {
   const std::string run_dir = scratch.sub("pytorch-run");
   std::filesystem::remove_all(run_dir);
-  const nlohmann::json answer = peer.request({{"op", "train"},
-                                              {"corpus", o.train.corpus},
-                                              {"run_dir", run_dir},
-                                              {"steps", o.train.steps},
-                                              {"batch", o.train.batch},
-                                              {"seq_len", o.train.seq_len},
-                                              {"layers", o.train.layers},
-                                              {"width", o.train.width},
-                                              {"heads", o.train.heads},
-                                              {"lr", o.train.lr},
-                                              {"seed", o.train.seed},
-                                              {"threads", o.train.threads},
-                                              {"recompute_segments", o.train.recompute_segments},
-                                              {"ckpt_every", o.train.ckpt_every},
-                                              {"keep", o.train.keep},
-                                              {"nproc", o.train.nproc}});
+  nlohmann::json request =
+      train_options_json(o.train, {"corpus", "steps", "batch", "seq_len", "layers", "width", "heads", "lr", "seed",
+                                   "threads", "recompute_segments", "ckpt_every", "keep", "nproc"});
+  request["op"] = "train";
+  request["run_dir"] = run_dir;
+  const nlohmann::json answer = peer.request(request);
   for (const auto& path : answer.at("checkpoints")) {
     if (!std::filesystem::exists(path.get<std::string>() + "/.metadata")) {
       throw Error(fmt::format("bench train: the PyTorch script's checkpoint {} has no .metadata", path.dump()));
@@ -344,19 +334,14 @@ nlohmann::json run_train_bench(const TrainBenchOptions& o) {
   for (int round = 0; round < o.rounds; ++round) bench::run_round(round, turns);
 
   const int64_t tokens = o.train.steps * o.train.batch * o.train.seq_len;
-  nlohmann::json out{{"steps", o.train.steps},
-                     {"batch", o.train.batch},
-                     {"seq_len", o.train.seq_len},
-                     {"tokens", tokens},
-                     {"threads", o.train.threads},
-                     {"nproc", o.train.nproc},
-                     {"recompute_segments", o.train.recompute_segments},
-                     {"ckpt_every", o.train.ckpt_every},
-                     {"optimizer", "AdamW, plain (stowage train --swap-times 0)"},
-                     {"rounds", o.rounds},
-                     {"time_measured",
-                      "the training loop, from before the first step until the last checkpoint "
-                      "committed; median of the rounds, and of each round's ratio for a ratio of two sides"}};
+  nlohmann::json out = train_options_json(
+      o.train, {"steps", "batch", "seq_len", "threads", "nproc", "recompute_segments", "ckpt_every"});
+  out["tokens"] = tokens;
+  out["optimizer"] = "AdamW, plain (stowage train --swap-times 0)";
+  out["rounds"] = o.rounds;
+  out["time_measured"] =
+      "the training loop, from before the first step until the last checkpoint committed; median of the rounds, and "
+      "of each round's ratio for a ratio of two sides";
   add_runs(out, "stowage_", stowage_runs, tokens);
   if (peer) {
     add_runs(out, "pytorch_", pytorch_runs, tokens);

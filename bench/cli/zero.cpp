@@ -142,18 +142,15 @@ bench::Table rows_table(const ZeroBenchResult& r) {
 
 nlohmann::json to_json(const ZeroBenchResult& r) {
   const double zero2_vs_limit = static_cast<double>(r.rows.back().gradient_bytes) / zero2_gradient_limit(r);
-  return {{"benchmark", "zero"},
-          {"ranks", r.options.train.nproc},
-          {"width", r.options.train.width},
-          {"layers", r.options.train.layers},
-          {"swap_times", r.options.train.swap_times},
-          {"device", r.options.train.device},
-          {"steps", r.options.train.steps},
-          {"rounds", r.options.rounds},
-          {"threads", r.options.train.threads},
-          {"parameter_bytes", r.parameter_bytes},
-          {"rows", rows_table(r).json()},
-          {"zero2_gradients_vs_limit", zero2_vs_limit}};
+  nlohmann::json out =
+      train_options_json(r.options.train, {"width", "layers", "swap_times", "device", "steps", "threads"});
+  out["benchmark"] = "zero";
+  out["ranks"] = r.options.train.nproc;
+  out["rounds"] = r.options.rounds;
+  out["parameter_bytes"] = r.parameter_bytes;
+  out["rows"] = rows_table(r).json();
+  out["zero2_gradients_vs_limit"] = zero2_vs_limit;
+  return out;
 }
 
 std::string to_text(const ZeroBenchResult& r) {

@@ -1,11 +1,15 @@
 // `stowage train`'s arguments as the benchmarks write them (train_arguments) are read back
-// by the command's own parser (add_train_options) into the options they were written from.
+// by the command's own parser (add_train_options) into the options they were written from;
+// the fields the benchmarks report (train_options_json) are the options' own.
 
 #include "train_options.h"
 
 #include <gtest/gtest.h>
 
+#include <stowage/error.h>
+
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <limits>
@@ -83,6 +87,30 @@ TEST(TrainArguments, OnlyFieldsAwayFromTheirDefaultsAreWritten) {
   o.steps = 3;
   o.offload_checkpoint_inputs = true;
   EXPECT_EQ(cli::train_arguments(o), (std::vector<std::string>{"--steps", "3", "--offload-checkpoint-inputs"}));
+}
+
+TEST(TrainOptionsJson, EachFieldUnderItsFlagsNameAsItsOwnType) {
+  const TrainOptions given = every_field_changed();
+  const nlohmann::json json =
+      cli::train_options_json(given, {"seq_len", "lr", "seed", "device", "preempt_signal", "resume"});
+  EXPECT_EQ(json, (nlohmann::json{{"seq_len", 5},
+                                  {"lr", given.lr},
+                                  {"seed", std::numeric_limits<uint64_t>::max()},
+                                  {"device", "sim"},
+                                  {"preempt_signal", {"USR1", "HUP"}},
+                                  {"resume", true}}));
+  EXPECT_TRUE(json["seq_len"].is_number_integer());
+  EXPECT_TRUE(json["lr"].is_number_float());
+  EXPECT_EQ(cli::train_options_json(given, {}), nlohmann::json::object());
+}
+
+TEST(TrainOptionsJson, AFieldNoFlagSetsIsRefusedByName) {
+  try {
+    cli::train_options_json(TrainOptions(), {"steps", "seq-len"});
+    FAIL() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("'seq-len'"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
