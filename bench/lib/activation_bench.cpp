@@ -1,6 +1,7 @@
 #include "activation_bench.h"
 
 #include "bench_util.h"
+#include "block_mlp.h"
 #include "emit.h"
 #include "python_peer.h"
 
@@ -23,23 +24,6 @@
 
 namespace stowage::bench {
 namespace {
-
-// One block of the MLP; a module of its own, so that checkpoint_sequential splits
-// the model in blocks (a Sequential cannot hold a Sequential).
-struct BlockImpl : torch::nn::Module {
-  explicit BlockImpl(int64_t width) : linear(register_module("linear", torch::nn::Linear(width, width))) {}
-  at::Tensor forward(const at::Tensor& x) { return torch::gelu(linear->forward(x)); }
-  torch::nn::Linear linear;
-};
-TORCH_MODULE(Block);
-
-torch::nn::Sequential make_mlp(const ActivationBenchConfig& config) {
-  torch::nn::Sequential model;
-  for (int64_t i = 0; i < config.blocks; ++i) {
-    model->push_back(Block(config.width));
-  }
-  return model;
-}
 
 struct StepMeasurement {
   double seconds;
@@ -185,7 +169,7 @@ ActivationBenchResult run_activation_bench(const ActivationBenchConfig& config) 
   memory::enable_accounting();
   constexpr uint64_t kSeed = 0;
   torch::manual_seed(kSeed);
-  auto model = make_mlp(config);
+  auto model = make_block_mlp(config.blocks, config.width);
   model->to(config.device);
   const at::Tensor input = torch::randn({config.batch, config.width}, torch::TensorOptions().device(config.device));
   for (const auto& parameter : model->parameters()) {

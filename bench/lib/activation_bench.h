@@ -16,7 +16,7 @@
 namespace stowage::bench {
 
 struct ActivationBenchConfig {
-  int64_t blocks = 32;  // Linear(width, width) + GELU each
+  int64_t blocks = 32;  // of make_block_mlp (block_mlp.h)
   int64_t width = 256;
   int64_t batch = 2048;  // large against width, so that activations dominate memory
   int repetitions = 5;   // timed steps per configuration (median reported), after one warm-up;

@@ -1,6 +1,7 @@
 #include "grad_sync_bench.h"
 
 #include "bench_util.h"
+#include "block_mlp.h"
 
 #include <stowage/dist/gradient_reducer.h>
 #include <stowage/error.h>
@@ -10,21 +11,13 @@
 
 #include <array>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 namespace stowage::bench {
 namespace {
 
 enum class Mode { kCompute, kAfterBackward, kOverlap };
-
-torch::nn::Sequential make_mlp(const GradSyncBenchConfig& config) {
-  torch::nn::Sequential model;
-  for (int64_t i = 0; i < config.blocks; ++i) {
-    model->push_back(torch::nn::Linear(config.width, config.width));
-    model->push_back(torch::nn::Functional(torch::gelu, "none"));
-  }
-  return model;
-}
 
 // One warm-up step, then one timed step, of `mode`. A reducer of its own for each
 // measurement: its hooks must not see the other modes' backward passes.
@@ -61,7 +54,7 @@ GradSyncBenchResult run_grad_sync_rank(const GradSyncBenchConfig& config, const 
   }
   torch::set_num_threads(config.threads);
   torch::manual_seed(0);
-  torch::nn::Sequential model = make_mlp(config);
+  torch::nn::Sequential model = make_block_mlp(config.blocks, config.width);
   const at::Tensor input = torch::randn({config.batch, config.width}) + static_cast<double>(group.rank());
 
   GradSyncBenchResult result;
@@ -87,38 +80,40 @@ GradSyncBenchResult run_grad_sync_rank(const GradSyncBenchConfig& config, const 
   return result;
 }
 
+namespace {
+
+// The result's fields beside their JSON keys: to_json writes by this list, and
+// grad_sync_result_from_json reads rank 0's result back by it.
+template <typename Result, typename Field>
+void grad_sync_fields(Result& r, Field&& field) {
+  field("ranks", r.ranks);
+  field("blocks", r.config.blocks);
+  field("width", r.config.width);
+  field("batch", r.config.batch);
+  field("steps", r.config.steps);
+  field("threads", r.config.threads);
+  field("bucket_cap_mb", r.config.bucket_cap_mb);
+  field("buckets", r.buckets);
+  field("gradient_bytes", r.gradient_bytes);
+  field("compute_step_s", r.compute_step_s);
+  field("after_backward_step_s", r.after_backward_step_s);
+  field("overlap_step_s", r.overlap_step_s);
+}
+
+}  // namespace
+
 nlohmann::json to_json(const GradSyncBenchResult& r) {
-  return {{"benchmark", "grad_sync"},
-          {"ranks", r.ranks},
-          {"blocks", r.config.blocks},
-          {"width", r.config.width},
-          {"batch", r.config.batch},
-          {"steps", r.config.steps},
-          {"threads", r.config.threads},
-          {"bucket_cap_mb", r.config.bucket_cap_mb},
-          {"buckets", r.buckets},
-          {"gradient_bytes", r.gradient_bytes},
-          {"compute_step_s", r.compute_step_s},
-          {"after_backward_step_s", r.after_backward_step_s},
-          {"overlap_step_s", r.overlap_step_s},
-          {"overlap_speedup", r.after_backward_step_s / r.overlap_step_s},
-          {"hidden_fraction", r.hidden_fraction()}};
+  nlohmann::json out{{"benchmark", "grad_sync"},
+                     {"overlap_speedup", r.after_backward_step_s / r.overlap_step_s},
+                     {"hidden_fraction", r.hidden_fraction()}};
+  grad_sync_fields(r, [&out](const char* key, const auto& value) { out[key] = value; });
+  return out;
 }
 
 GradSyncBenchResult grad_sync_result_from_json(const nlohmann::json& json) {
   GradSyncBenchResult r;
-  r.ranks = json.at("ranks").get<int64_t>();
-  r.config.blocks = json.at("blocks").get<int64_t>();
-  r.config.width = json.at("width").get<int64_t>();
-  r.config.batch = json.at("batch").get<int64_t>();
-  r.config.steps = json.at("steps").get<int>();
-  r.config.threads = json.at("threads").get<int>();
-  r.config.bucket_cap_mb = json.at("bucket_cap_mb").get<double>();
-  r.buckets = json.at("buckets").get<int64_t>();
-  r.gradient_bytes = json.at("gradient_bytes").get<int64_t>();
-  r.compute_step_s = json.at("compute_step_s").get<double>();
-  r.after_backward_step_s = json.at("after_backward_step_s").get<double>();
-  r.overlap_step_s = json.at("overlap_step_s").get<double>();
+  grad_sync_fields(
+      r, [&json](const char* key, auto& value) { value = json.at(key).template get<std::decay_t<decltype(value)>>(); });
   return r;
 }
 

@@ -16,7 +16,7 @@
 namespace stowage::bench {
 
 struct GradSyncBenchConfig {
-  int64_t blocks = 16;  // Linear(width, width) + GELU each
+  int64_t blocks = 16;  // of make_block_mlp (block_mlp.h)
   int64_t width = 1024;
   int64_t batch = 64;
   int steps = 7;  // timed steps per mode (median reported), each after a warm-up step

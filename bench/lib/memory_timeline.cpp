@@ -1,6 +1,7 @@
 #include "memory_timeline.h"
 
 #include "bench_util.h"
+#include "block_mlp.h"
 
 #include <stowage/activation/sequential.h>
 #include <stowage/error.h>
@@ -18,15 +19,6 @@
 
 namespace stowage::bench {
 namespace {
-
-// A block of the timeline's MLP, its own module so that checkpoint_sequential cuts the
-// model between blocks.
-struct TimelineBlockImpl : torch::nn::Module {
-  explicit TimelineBlockImpl(int64_t width) : linear(register_module("linear", torch::nn::Linear(width, width))) {}
-  at::Tensor forward(const at::Tensor& x) { return torch::gelu(linear->forward(x)); }
-  torch::nn::Linear linear;
-};
-TORCH_MODULE(TimelineBlock);
 
 // Samples the accounting of `device` every `interval` from its own thread while it
 // lives. Each sample is the peak since the previous one (the peak is reset after each
@@ -118,8 +110,7 @@ MemoryTimeline run_memory_timeline(const MemoryTimelineOptions& options) {
   }
   memory::enable_accounting();
   torch::manual_seed(0);
-  torch::nn::Sequential model;
-  for (int64_t i = 0; i < options.blocks; ++i) model->push_back(TimelineBlock(options.width));
+  torch::nn::Sequential model = make_block_mlp(options.blocks, options.width);
   model->to(options.device);
   const at::Tensor input = torch::randn({options.batch, options.width}, torch::TensorOptions().device(options.device));
   MemoryTimeline timeline;

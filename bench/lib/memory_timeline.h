@@ -17,7 +17,7 @@
 namespace stowage::bench {
 
 struct MemoryTimelineOptions {
-  int64_t blocks = 16;  // Linear(width, width) + GELU each
+  int64_t blocks = 16;  // of make_block_mlp (block_mlp.h)
   int64_t width = 256;
   int64_t batch = 1024;
   int64_t segments = 4;    // checkpoint_sequential's segments in the checkpointed step
