@@ -15,36 +15,6 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-train::StepRecord step_record(const json& r) {
-  train::StepRecord step;
-  step.step = r.at("step").get<int64_t>();
-  step.loss = r.at("loss").get<double>();
-  step.tokens_per_s = r.at("tokens_per_s").get<double>();
-  step.step_s = r.at("step_s").get<double>();
-  step.peak_activation_bytes = r.at("peak_activation_bytes").get<int64_t>();
-  step.peak_step_bytes = r.at("peak_step_bytes").get<int64_t>();
-  step.optimizer_resident_bytes = r.at("optimizer_resident_bytes").get<int64_t>();
-  step.gradient_bytes = r.at("gradient_bytes").get<int64_t>();
-  step.checkpoint_host_bytes = r.at("checkpoint_host_bytes").get<int64_t>();
-  step.optimizer_host_bytes = r.at("optimizer_host_bytes").get<int64_t>();
-  return step;
-}
-
-train::RunSummary run_summary(const json& r) {
-  train::RunSummary end;
-  end.first_step = r.at("first_step").get<int64_t>();
-  end.last_step = r.at("last_step").get<int64_t>();
-  end.seconds = r.at("seconds").get<double>();
-  end.first_loss = r.at("first_loss").get<double>();
-  end.last_loss = r.at("last_loss").get<double>();
-  end.peak_activation_bytes = r.at("peak_activation_bytes").get<int64_t>();
-  end.peak_step_bytes = r.at("peak_step_bytes").get<int64_t>();
-  end.optimizer_resident_bytes = r.at("optimizer_resident_bytes").get<int64_t>();
-  end.gradient_bytes = r.at("gradient_bytes").get<int64_t>();
-  end.exit_status = r.at("exit_status").get<int>();
-  return end;
-}
-
 // The stowage program beside this one.
 std::string stowage_program() {
   const fs::path program = fs::path(executable_path()).parent_path() / "stowage";
@@ -71,9 +41,9 @@ TrainRecords read_train_records(const std::string& metrics_path) {
     const std::string event = record["event"].get<std::string>();
     if (event == "setup") records.activation_checkpointing = record.at("activation_checkpointing").get<std::string>();
     if (event == "checkpoint") committed_since_last_step.push_back(record.at("step").get<int64_t>());
-    if (event == "end") records.end = run_summary(record);
+    if (event == "end") records.end = train::parse_run_summary(line);
     if (event != "step") continue;
-    records.steps.push_back(step_record(record));
+    records.steps.push_back(train::parse_step_record(line));
     const int64_t step = records.steps.back().step;
     if (step != static_cast<int64_t>(records.steps.size())) {
       throw Error(fmt::format("line {} of '{}' is step {}, expected step {}", line_number, metrics_path, step,

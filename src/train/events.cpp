@@ -1,5 +1,7 @@
 #include <stowage/train/events.h>
 
+#include <stowage/error.h>
+
 #include "util/errno_error.h"
 
 #include <fmt/format.h>
@@ -7,8 +9,69 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <type_traits>
 
 namespace stowage::train {
+namespace {
+
+// A record's fields beside their keys in metrics.jsonl: MetricsFile writes by these lists,
+// parse_step_record() and parse_run_summary() read by them.
+template <typename Step, typename Field>
+void step_fields(Step& r, Field&& field) {
+  field("step", r.step);
+  field("loss", r.loss);
+  field("tokens_per_s", r.tokens_per_s);
+  field("step_s", r.step_s);
+  field("peak_activation_bytes", r.peak_activation_bytes);
+  field("peak_step_bytes", r.peak_step_bytes);
+  field("optimizer_resident_bytes", r.optimizer_resident_bytes);
+  field("gradient_bytes", r.gradient_bytes);
+  field("checkpoint_host_bytes", r.checkpoint_host_bytes);
+  field("optimizer_host_bytes", r.optimizer_host_bytes);
+}
+
+template <typename Summary, typename Field>
+void summary_fields(Summary& s, Field&& field) {
+  field("first_step", s.first_step);
+  field("last_step", s.last_step);
+  field("seconds", s.seconds);
+  field("first_loss", s.first_loss);
+  field("last_loss", s.last_loss);
+  field("peak_activation_bytes", s.peak_activation_bytes);
+  field("peak_step_bytes", s.peak_step_bytes);
+  field("optimizer_resident_bytes", s.optimizer_resident_bytes);
+  field("gradient_bytes", s.gradient_bytes);
+  field("exit_status", s.exit_status);
+}
+
+// The line of one record whose fields `fields` lists.
+template <typename Record, typename Fields>
+std::string record_line(const char* event, const Record& record, Fields&& fields) {
+  nlohmann::json out{{"event", event}};
+  fields(record, [&out](const char* key, const auto& value) { out[key] = value; });
+  return out.dump();
+}
+
+// Reads a record's fields back from `line`, a record of `event`.
+template <typename Record, typename Fields>
+Record parse_record(const std::string& line, const char* event, Fields&& fields) {
+  const nlohmann::json in = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!in.is_object() || !in.contains("event") || in["event"] != event) {
+    throw InvalidArgument(fmt::format("no \"{}\" record of metrics.jsonl: {}", event, line));
+  }
+  Record record;
+  fields(record, [&](const char* key, auto& value) {
+    const auto found = in.find(key);
+    if (found == in.end() || !found->is_number()) {
+      throw InvalidArgument(
+          fmt::format("the \"{}\" record of metrics.jsonl has no number \"{}\": {}", event, key, line));
+    }
+    value = found->template get<std::decay_t<decltype(value)>>();
+  });
+  return record;
+}
+
+}  // namespace
 
 double committed_gbps(const dcp::SaveReport& report) {
   return report.commit_s > 0 ? static_cast<double>(report.bytes) / report.commit_s / 1e9 : 0.0;
@@ -26,18 +89,7 @@ void MetricsFile::record(const std::string& json_object) {
 }
 
 void MetricsFile::step(const StepRecord& r) {
-  record(nlohmann::json{{"event", "step"},
-                        {"step", r.step},
-                        {"loss", r.loss},
-                        {"tokens_per_s", r.tokens_per_s},
-                        {"step_s", r.step_s},
-                        {"peak_activation_bytes", r.peak_activation_bytes},
-                        {"peak_step_bytes", r.peak_step_bytes},
-                        {"optimizer_resident_bytes", r.optimizer_resident_bytes},
-                        {"gradient_bytes", r.gradient_bytes},
-                        {"checkpoint_host_bytes", r.checkpoint_host_bytes},
-                        {"optimizer_host_bytes", r.optimizer_host_bytes}}
-             .dump());
+  record(record_line("step", r, [](const StepRecord& each, auto&& field) { step_fields(each, field); }));
 }
 
 void MetricsFile::checkpoint(const dcp::SaveReport& r) {
@@ -56,18 +108,15 @@ void MetricsFile::checkpoint(const dcp::SaveReport& r) {
 }
 
 void MetricsFile::end(const RunSummary& s) {
-  record(nlohmann::json{{"event", "end"},
-                        {"first_step", s.first_step},
-                        {"last_step", s.last_step},
-                        {"seconds", s.seconds},
-                        {"first_loss", s.first_loss},
-                        {"last_loss", s.last_loss},
-                        {"peak_activation_bytes", s.peak_activation_bytes},
-                        {"peak_step_bytes", s.peak_step_bytes},
-                        {"optimizer_resident_bytes", s.optimizer_resident_bytes},
-                        {"gradient_bytes", s.gradient_bytes},
-                        {"exit_status", s.exit_status}}
-             .dump());
+  record(record_line("end", s, [](const RunSummary& each, auto&& field) { summary_fields(each, field); }));
+}
+
+StepRecord parse_step_record(const std::string& line) {
+  return parse_record<StepRecord>(line, "step", [](StepRecord& each, auto&& field) { step_fields(each, field); });
+}
+
+RunSummary parse_run_summary(const std::string& line) {
+  return parse_record<RunSummary>(line, "end", [](RunSummary& each, auto&& field) { summary_fields(each, field); });
 }
 
 void MetricsFile::message(const std::string& text) {

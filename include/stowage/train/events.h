@@ -58,6 +58,13 @@ struct RunSummary {
   int exit_status = 0;  // Trainer::finish()'s
 };
 
+// A "step" or "end" line of metrics.jsonl read back (what a program that ran training
+// reads of it): the fields MetricsFile::step() and end() wrote, by the same list
+// (StepRecord::total_steps is not written, and stays 0). Throws InvalidArgument naming the
+// line when it is no such record, or the field it lacks.
+StepRecord parse_step_record(const std::string& line);
+RunSummary parse_run_summary(const std::string& line);
+
 class EventSink {
  public:
   virtual ~EventSink() = default;
