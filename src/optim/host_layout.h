@@ -51,7 +51,7 @@ struct HostLayout {
 
   // By identity; owned, so that no other tensor can take the address of one.
   std::unordered_map<const c10::TensorImpl*, at::Tensor> hosts;
-  std::map<c10::ScalarType, at::Tensor> buffers;               // packed mode and disk tier: one per dtype
+  std::map<c10::ScalarType, at::Tensor> buffers;                       // packed mode and disk tier: one per dtype
   std::map<c10::ScalarType, std::shared_ptr<dcp::ScratchFile>> files;  // disk tier: the buffers' files
 };
 
