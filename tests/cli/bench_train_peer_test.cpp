@@ -43,6 +43,21 @@ void expect_dip(const nlohmann::json& figures, const std::string& side) {
   EXPECT_GE(figures[side + "_dip_commit_lag_steps"].get<int64_t>(), 1) << figures.dump();
 }
 
+// The first checkpoint's change of step speed (issue 37), from kDipRun's one round: far
+// step 6 before it, 11-14 after it, in the run with checkpoints and in the one without;
+// the change is the ratio of the two after/before ratios, either way (never below 1).
+void expect_first_checkpoint_change(const nlohmann::json& figures) {
+  const nlohmann::json& saved = figures["stowage_after_over_before_first_checkpoint_rounds"];
+  const nlohmann::json& unsaved = figures["no_checkpoint_after_over_before_rounds"];
+  ASSERT_TRUE(saved.is_array() && saved.size() == 1 && unsaved.is_array() && unsaved.size() == 1) << figures.dump();
+  const double x = saved[0].get<double>() / unsaved[0].get<double>();
+  const double change = figures["stowage_first_checkpoint_change"].get<double>();
+  EXPECT_NEAR(change, std::max(x, 1 / x), 1e-9) << figures.dump();
+  EXPECT_GE(change, 1.0);
+  EXPECT_EQ(figures["stowage_first_checkpoint_change_met"].get<bool>(),
+            change <= figures["stowage_first_checkpoint_change_limit"].get<double>());
+}
+
 TEST(BenchTrainPeer, WithoutTheWheelsPythonSaysSoInOneLineAndFails) {
   if (!peer_python().empty()) GTEST_SKIP() << "this build has the torch wheel's Python";
   const auto result = run_command(stowage_binary() + " bench train --peer --steps 2");
@@ -66,6 +81,7 @@ TEST(BenchTrain, WithoutPeerMeasuresStowageAlone) {
   EXPECT_EQ(figures["dip_far_steps"].get<int64_t>(), 5);
   expect_dip(figures, "stowage");
   ASSERT_TRUE(figures["dip_target_met"].is_boolean()) << figures.dump();
+  expect_first_checkpoint_change(figures);
   EXPECT_TRUE(fs::is_empty(dir.path)) << "the benchmark left files in " << dir.path;
 }
 
