@@ -12,11 +12,20 @@
 #include <thread>
 #include <vector>
 
+#include <stdlib.h>
+
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 namespace stowage::testing {
+
+// LibTorch 2.11's flight recorder, one per process, adds a group's entry to its map before
+// it takes its lock (c10d/FlightRecorderDetail.hpp, recordWithResetEnabled): ranks run as
+// threads of one process, each with its own group, race there and crash (ZeroResume: 1 run
+// in 2 on an idle machine). It reads TORCH_FR_BUFFER_SIZE once, when first used; 0 turns it
+// off. Set before main(), unless the environment sets it.
+inline const bool kFlightRecorderOffForThreadRanks = [] { return setenv("TORCH_FR_BUFFER_SIZE", "0", 0) == 0; }();
 
 // A loopback port the kernel reports free now, for a TCPStore to bind moments later.
 inline int free_port() {
