@@ -141,9 +141,9 @@ void add_train_rows(bench::Table& rows, const json& r) {
   add_row(rows, "train", "tokens/s / pytorch's",
           ratio(figure_of(r, "stowage_tokens_per_s"), figure_of(r, "pytorch_tokens_per_s")), ">=", 1);
   // Issue 37's figures, each judged by the limit the benchmark reports beside it.
-  for (const auto& [figure, key] : {std::pair{"far step / no checkpoint's", "stowage_far_over_no_checkpoint"},
-                                    std::pair{"step speed changed by the first checkpoint",
-                                              "stowage_first_checkpoint_change"}}) {
+  for (const auto& [figure, key] :
+       {std::pair{"far step / no checkpoint's", "stowage_far_over_no_checkpoint"},
+        std::pair{"step speed changed by the first checkpoint", "stowage_first_checkpoint_change"}}) {
     const json limit = figure_of(r, std::string(key) + "_limit");
     if (limit.is_number()) add_row(rows, "train", figure, figure_of(r, key), "<=", limit.get<double>());
   }

@@ -298,7 +298,8 @@ std::vector<double> ratio_of_each_round(const std::vector<double>& a, const std:
 // cores, which changes a step's time by a third at random moments). The change is each
 // round's ratio of the two ratios, either way: max(x, 1/x); median of the rounds.
 void add_first_checkpoint_figures(nlohmann::json& out, const DipSchedule& schedule,
-                                  const std::vector<TimedRun>& stowage_runs, const std::vector<TimedRun>& unsaved_runs) {
+                                  const std::vector<TimedRun>& stowage_runs,
+                                  const std::vector<TimedRun>& unsaved_runs) {
   constexpr double kChangeLimit = 1.02;
   // schedule.far is in step order: the far steps before the first checkpoint come first.
   const auto first_after = std::lower_bound(schedule.far.begin(), schedule.far.end(), schedule.checkpoints.front());

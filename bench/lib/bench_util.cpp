@@ -33,7 +33,7 @@ double median(std::vector<double> values) {
   return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
-RoundRobinStep clocked_step(std::function<void()> step, c10::Device device) {
+RoundRobinStep clocked_step(const std::function<void()>& step, c10::Device device) {
   return {step, [step, device] { return seconds(step, device); }};
 }
 
@@ -47,6 +47,7 @@ std::vector<double> median_seconds_in_rounds(const std::vector<RoundRobinStep>& 
     for (size_t i = 0; i < configurations.size(); ++i) times[i].push_back(configurations[i].timed_step());
   }
   std::vector<double> medians;
+  medians.reserve(times.size());
   for (std::vector<double>& configuration_times : times) medians.push_back(median(std::move(configuration_times)));
   return medians;
 }

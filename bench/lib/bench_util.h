@@ -34,7 +34,7 @@ struct RoundRobinStep {
 };
 
 // A configuration whose timed step is `step` under seconds() on `device`.
-RoundRobinStep clocked_step(std::function<void()> step, c10::Device device);
+RoundRobinStep clocked_step(const std::function<void()>& step, c10::Device device);
 
 // Steps every configuration once a round, in order, `warmup_rounds` rounds untimed and then
 // `timed_rounds` timed, so that each configuration meets the same machine state (the same
