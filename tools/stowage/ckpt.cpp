@@ -106,55 +106,23 @@ void list(const std::string& dir, bool as_json, bool all) {
   }
 }
 
-// What inspect says of one entry; `checksummed` unless PyTorch DCP's, which keeps none
-// (each record's zip CRC32 is checked as it is read).
-json entry_row(const dcp::EntryMetadata& entry, bool checksummed) {
-  json row{{"key", entry.fqn}};
-  if (entry.kind != dcp::EntryKind::kTensor) {
-    std::ostringstream value;
-    value << entry.value;
-    row["value"] = value.str();
-    return row;
-  }
-  row["dtype"] = std::string(c10::toString(entry.dtype));
-  row["shape"] = entry.shape;
-  row["bytes"] = dcp::tensor_bytes(entry);
-  json chunks = json::array();
-  for (const auto& chunk : entry.chunks) {
-    chunks.push_back({{"offsets", chunk.box.offsets},
-                      {"sizes", chunk.box.sizes},
-                      {"rank", chunk.rank},
-                      {"file", chunk.location.file},
-                      {"offset", chunk.location.offset},
-                      {"length", chunk.location.length},
-                      {"checksum", checksummed ? fmt::format("{:016x}", chunk.location.checksum) : "-"}});
-  }
-  row["chunks"] = chunks;
-  return row;
-}
-
 void inspect(const std::string& dir, bool as_json) {
   const Picked picked = pick_checkpoint(dir);
   if (!as_json) say_picked(picked);
   const dcp::Metadata metadata = picked.reader->read_metadata();
   const bool checksummed = picked.checkpoint.format == dcp::CheckpointFormat::kStowage;
-  json entries = json::array();
-  for (const auto& entry : metadata.entries) entries.push_back(entry_row(entry, checksummed));
+  json described = json::parse(dcp::describe_metadata(metadata, checksummed));
   if (as_json) {
-    json result{{"path", picked.checkpoint.path},
-                {"format", dcp::format_name(picked.checkpoint.format)},
-                {"save_id", metadata.save_id},
-                {"ranks", metadata.world_size},
-                {"version", metadata.version}};
-    if (!picked.origin.is_null()) result["picked"] = picked.origin;
-    result["entries"] = entries;
-    fmt::print("{}\n", result.dump(2));
+    described["path"] = picked.checkpoint.path;
+    described["format"] = dcp::format_name(picked.checkpoint.format);
+    if (!picked.origin.is_null()) described["picked"] = picked.origin;
+    fmt::print("{}\n", described.dump(2));
     return;
   }
   const std::string format = checksummed ? fmt::format("stowage format {}", metadata.version) : "PyTorch DCP";
   fmt::print("{}: {}, save {}, {} rank(s), {} entries, {}\n", picked.checkpoint.path, format, metadata.save_id,
              metadata.world_size, metadata.entries.size(), format_bytes(dcp::tensor_bytes(metadata)));
-  for (const auto& row : entries) {
+  for (const auto& row : described["entries"]) {
     if (!row.contains("dtype")) {
       fmt::print("  {:<48} value {}\n", row["key"].get<std::string>(), row["value"].get<std::string>());
       continue;

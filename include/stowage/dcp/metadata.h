@@ -102,6 +102,13 @@ std::string encode_metadata(const Metadata& metadata);
 // and the offending entry otherwise. Never executes anything.
 Metadata decode_metadata(const std::string& text, const std::string& origin);
 
+// A reader's view of `metadata` as JSON text, for tools and people: its save id, ranks,
+// version, and each entry's key with its value, or its dtype, shape, bytes and chunks (box,
+// the rank that wrote it, file, byte range, and checksum as 16 hex digits, or "-" unless
+// `checksummed`: PyTorch DCP's checkpoints keep none). Not the stored format
+// (encode_metadata), which no reader should parse from this.
+std::string describe_metadata(const Metadata& metadata, bool checksummed);
+
 // Whether `name` may name a data file: a single path component inside the directory.
 bool is_safe_file_name(const std::string& name);
 
