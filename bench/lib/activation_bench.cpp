@@ -136,78 +136,71 @@ bool ActivationBenchResult::pytorch_target_met() const {
   return std::all_of(runs.begin(), runs.end(), [](const ActivationRun& run) { return run.pytorch_target_met(); });
 }
 
-ActivationBenchResult run_activation_bench(const ActivationBenchConfig& config) {
+namespace {
+
+void check_config(const ActivationBenchConfig& config) {
   if (config.blocks < 1 || config.width < 1 || config.batch < 1 || config.repetitions < 1) {
     throw InvalidArgument(
         fmt::format("activation bench: blocks, width, batch and repetitions must be positive (got {}, {}, {}, {})",
                     config.blocks, config.width, config.batch, config.repetitions));
   }
-  ActivationBenchResult result;
-  result.config = config;
-  result.sqrt_segments = std::lround(std::sqrt(static_cast<double>(config.blocks)));
+}
+
+// The segment counts to run, each once, in the order given: config.segments (by default
+// those of 2, 4 and 8 a model this deep can have, a block each), then sqrt_segments.
+std::vector<int64_t> segment_counts(const ActivationBenchConfig& config, int64_t sqrt_segments) {
   std::vector<int64_t> segments = config.segments;
   if (segments.empty()) {
-    // Those a model this deep can have: each segment needs a block.
     for (const int64_t count : {int64_t(2), int64_t(4), int64_t(8)}) {
       if (count <= config.blocks) segments.push_back(count);
     }
   }
-  segments.push_back(result.sqrt_segments);
-  // One run per segment count, in the order given.
+  segments.push_back(sqrt_segments);
   std::vector<int64_t> counts;
   for (const int64_t count : segments) {
     if (std::find(counts.begin(), counts.end(), count) == counts.end()) counts.push_back(count);
   }
-  segments = counts;
-  result.config.segments = segments;
+  return counts;
+}
 
-  // Started first: the peer's Python starts while the model is built.
-  std::unique_ptr<PythonPeer> peer;
-  if (config.peer) {
-    peer = std::make_unique<PythonPeer>("activation_peer.py", std::vector<std::string>{});
-  }
-  memory::enable_accounting();
-  constexpr uint64_t kSeed = 0;
-  torch::manual_seed(kSeed);
-  auto model = make_block_mlp(config.blocks, config.width);
-  model->to(config.device);
-  const at::Tensor input = torch::randn({config.batch, config.width}, torch::TensorOptions().device(config.device));
-  for (const auto& parameter : model->parameters()) {
-    result.params_and_grads_bytes += 2 * static_cast<int64_t>(parameter.nbytes());
-  }
-  if (config.cpu_cache) {
-    // Enough for every block a plain step releases: its activations, two per block.
-    memory::set_cpu_cache_limit(2 * config.blocks * static_cast<int64_t>(input.nbytes()));
-  }
-  if (peer) {
-    result.threads = at::get_num_threads();
-    const nlohmann::json setup = peer->request({{"op", "setup"},
-                                                {"blocks", config.blocks},
-                                                {"width", config.width},
-                                                {"batch", config.batch},
-                                                {"threads", result.threads},
-                                                {"seed", kSeed},
-                                                {"device", config.device.str()}});
-    result.pytorch_version = setup.at("torch_version").get<std::string>();
-    result.peak_measure = peak_measure(config.device);
-  }
+// The peer builds the same model from the same seed, on as many threads; returns its
+// PyTorch version.
+std::string set_up_peer(PythonPeer& peer, const ActivationBenchConfig& config, uint64_t seed, int threads) {
+  const nlohmann::json setup = peer.request({{"op", "setup"},
+                                             {"blocks", config.blocks},
+                                             {"width", config.width},
+                                             {"batch", config.batch},
+                                             {"threads", threads},
+                                             {"seed", seed},
+                                             {"device", config.device.str()}});
+  return setup.at("torch_version").get<std::string>();
+}
 
-  // Configuration 0 is the plain run. Rounds take each series in turn, the peer's
-  // beside stowage's, in an order that rotates from round to round (run_round), so that
-  // a slow phase of a shared machine does not land on some of them only.
+// Stowage's plain run (0 segments) and one per segment count, each beside the peer's
+// PyTorch variants of it when there is a peer.
+std::vector<ActivationSeries> make_series(const std::vector<int64_t>& segments, bool with_peer) {
   std::vector<int64_t> configurations{0};
   configurations.insert(configurations.end(), segments.begin(), segments.end());
   std::vector<ActivationSeries> series;
-  for (size_t c = 0; c < configurations.size(); ++c) {
-    series.push_back({configurations[c], nullptr});
-    if (!peer) continue;
-    if (configurations[c] == 0) {
+  for (const int64_t count : configurations) {
+    series.push_back({count, nullptr});
+    if (!with_peer) continue;
+    if (count == 0) {
       series.push_back({0, "plain"});
     } else {
-      series.push_back({configurations[c], "reentrant"});
-      series.push_back({configurations[c], "non_reentrant"});
+      series.push_back({count, "reentrant"});
+      series.push_back({count, "non_reentrant"});
     }
   }
+  return series;
+}
+
+// Rounds take each series in turn, in an order that rotates from round to round
+// (run_round), so that a slow phase of a shared machine does not land on some of them
+// only: a warm-up round, `repetitions` timed ones, then (with a peer) as many rounds of
+// peak memory, apart because giving memory back before each step costs time.
+void measure_series(std::vector<ActivationSeries>& series, torch::nn::Sequential& model, const at::Tensor& input,
+                    PythonPeer* peer, int repetitions) {
   bool record = false;  // false in the warm-up round
   std::vector<std::function<void()>> timed_steps;
   std::vector<std::function<void()>> peak_steps;
@@ -233,24 +226,19 @@ ActivationBenchResult run_activation_bench(const ActivationBenchConfig& config) 
   }
   run_round(0, timed_steps);
   record = true;
-  for (int round = 0; round < config.repetitions; ++round) {
-    run_round(round, timed_steps);
-  }
-  if (peer) {
-    // Peak memory in rounds of their own: giving memory back before each step costs time.
-    for (int round = 0; round < config.repetitions; ++round) {
-      run_round(round, peak_steps);
-    }
-  }
+  for (int round = 0; round < repetitions; ++round) run_round(round, timed_steps);
+  if (peer == nullptr) return;
+  for (int round = 0; round < repetitions; ++round) run_round(round, peak_steps);
+}
 
-  for (const int64_t count : segments) {
-    result.runs.push_back({count});
-  }
+// Each series' medians into the result: stowage's plain run and runs, the peer's beside them.
+void collect_series(const std::vector<ActivationSeries>& series, bool with_peer, ActivationBenchResult& result) {
+  for (const int64_t count : result.config.segments) result.runs.push_back({count});
   for (const ActivationSeries& s : series) {
     const auto run = std::find_if(result.runs.begin(), result.runs.end(),
                                   [&](const ActivationRun& r) { return r.segments == s.segments; });
     const double step_s = median(s.seconds);
-    const int64_t compared_peak_bytes = peer ? std::llround(median(s.compared_peaks)) : 0;
+    const int64_t compared_peak_bytes = with_peer ? std::llround(median(s.compared_peaks)) : 0;
     const PytorchFigures pytorch{step_s, compared_peak_bytes};
     if (s.pytorch_mode == nullptr && s.segments == 0) {
       result.plain_step_s = step_s;
@@ -268,9 +256,42 @@ ActivationBenchResult run_activation_bench(const ActivationBenchConfig& config) 
       run->pytorch_nonreentrant = pytorch;
     }
   }
-  if (config.cpu_cache) {
-    memory::set_cpu_cache_limit(0);
+}
+
+}  // namespace
+
+ActivationBenchResult run_activation_bench(const ActivationBenchConfig& config) {
+  check_config(config);
+  ActivationBenchResult result;
+  result.config = config;
+  result.sqrt_segments = std::lround(std::sqrt(static_cast<double>(config.blocks)));
+  result.config.segments = segment_counts(config, result.sqrt_segments);
+
+  // Started first: the peer's Python starts while the model is built.
+  std::unique_ptr<PythonPeer> peer;
+  if (config.peer) peer = std::make_unique<PythonPeer>("activation_peer.py", std::vector<std::string>{});
+  memory::enable_accounting();
+  constexpr uint64_t kSeed = 0;
+  torch::manual_seed(kSeed);
+  auto model = make_block_mlp(config.blocks, config.width);
+  model->to(config.device);
+  const at::Tensor input = torch::randn({config.batch, config.width}, torch::TensorOptions().device(config.device));
+  for (const auto& parameter : model->parameters()) {
+    result.params_and_grads_bytes += 2 * static_cast<int64_t>(parameter.nbytes());
   }
+  if (config.cpu_cache) {
+    // Enough for every block a plain step releases: its activations, two per block.
+    memory::set_cpu_cache_limit(2 * config.blocks * static_cast<int64_t>(input.nbytes()));
+  }
+  if (peer) {
+    result.threads = at::get_num_threads();
+    result.pytorch_version = set_up_peer(*peer, config, kSeed, result.threads);
+    result.peak_measure = peak_measure(config.device);
+  }
+  std::vector<ActivationSeries> series = make_series(result.config.segments, peer != nullptr);
+  measure_series(series, model, input, peer.get(), config.repetitions);
+  collect_series(series, peer != nullptr, result);
+  if (config.cpu_cache) memory::set_cpu_cache_limit(0);
   return result;
 }
 
