@@ -1,7 +1,7 @@
 #include "dcp/storage/chunk_reader.h"
 #include "dcp/storage/file_io.h"
 #include "dcp/storage/mapped_file.h"
-#include "util/intra_op_threads.h"
+#include "util/parallel_jobs.h"
 #include "util/error_context.h"
 
 #include <stowage/dcp/filesystem.h>
@@ -11,9 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
-#include <exception>
 #include <memory>
-#include <mutex>
 #include <thread>
 
 namespace stowage::dcp {
@@ -171,40 +169,22 @@ void FileSystemReader::run_reads(std::vector<ChunkRead>& reads, bool verify_only
       }
     }
   }
-  std::atomic<size_t> next{0};
-  std::atomic<bool> failed{false};
   std::atomic<int64_t> bytes_checked{0};
-  std::exception_ptr first_error;
-  std::mutex error_mutex;
-
-  const auto read_one = [&](ChunkRead& read) {
+  const auto read_one = [&](size_t i, const std::atomic<bool>& /*failed*/) {
+    ChunkRead& read = reads[i];
     const OpenFile& open = *files_.at(read.chunk->location.file);
     bytes_checked += detail::read_chunk(path_, read, {open.file.get(), open.size, open.mapping.get()}, verify_only);
   };
-  const auto worker = [&] {
-    for (size_t i = next++; i < reads.size() && !failed.load(); i = next++) {
-      try {
-        read_one(reads[i]);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mutex);
-        if (!first_error) first_error = std::current_exception();
-        failed = true;
-      }
-    }
-  };
   const size_t hardware = std::max(1u, std::thread::hardware_concurrency());
   const size_t threads = std::min<size_t>({hardware, reads.size(), size_t(total / kBytesPerReadThread) + 1, 8});
-  std::vector<std::thread> helpers;
-  for (size_t t = 1; t < threads; ++t) {
-    helpers.emplace_back([&worker] {
-      util::run_aten_serially_on_this_thread();
-      worker();
-    });
+  // What the reads checked counts, those of a failed run too.
+  try {
+    util::run_parallel_jobs(reads.size(), std::max<size_t>(threads, 1), read_one);
+  } catch (...) {
+    bytes_checked_ += bytes_checked.load();
+    throw;
   }
-  worker();
-  for (std::thread& helper : helpers) helper.join();
   bytes_checked_ += bytes_checked.load();
-  if (first_error) std::rethrow_exception(first_error);
 }
 
 }  // namespace stowage::dcp

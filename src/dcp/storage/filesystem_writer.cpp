@@ -2,7 +2,7 @@
 #include "dcp/storage/copy_ahead.h"
 #include "dcp/storage/file_io.h"
 #include "util/error_context.h"
-#include "util/intra_op_threads.h"
+#include "util/parallel_jobs.h"
 
 #include <stowage/dcp/filesystem.h>
 #include <stowage/error.h>
@@ -27,6 +27,28 @@ static_assert(kPieceBytes % kChecksumBlockBytes == 0);
 
 int64_t align_up(int64_t offset) {
   return (offset + kChunkAlignment - 1) / kChunkAlignment * kChunkAlignment;
+}
+
+// Writes `host`'s bytes at location.offset of `file`, a piece at a time, hashing them block
+// by block as they go (so that the second hash reads what the first left in cache); sets
+// location's length, checksum and, for more than one block, block checksums.
+void write_checksummed(WritableFile& file, const at::Tensor& host, bool start_writeback, StorageLocation& location) {
+  const int64_t length = static_cast<int64_t>(host.nbytes());
+  const char* bytes = static_cast<const char*>(host.data_ptr());
+  const detail::HashState state = detail::new_hash_state();
+  for (int64_t done = 0; done < length; done += kPieceBytes) {
+    const int64_t piece = std::min(kPieceBytes, length - done);
+    for (int64_t block = 0; block < piece; block += kChecksumBlockBytes) {
+      const char* block_bytes = bytes + done + block;
+      const size_t block_length = static_cast<size_t>(std::min(kChecksumBlockBytes, piece - block));
+      XXH3_64bits_update(state.get(), block_bytes, block_length);
+      if (length > kChecksumBlockBytes) location.block_checksums.push_back(XXH3_64bits(block_bytes, block_length));
+    }
+    file.write_at(bytes + done, piece, location.offset + done);
+    if (start_writeback) file.start_writeback(location.offset + done, piece);
+  }
+  location.checksum = XXH3_64bits_digest(state.get());
+  location.length = length;
 }
 
 // A data file and the plan items that go into it, in order.
@@ -183,12 +205,8 @@ std::vector<SavePlan> FileSystemWriter::prepare_global_plan(std::vector<SavePlan
 std::vector<WriteResult> FileSystemWriter::write_data(const SavePlan& plan, std::vector<c10::IValue>& data) {
   const std::vector<FileJob> jobs = assign_files(plan, options_);
   std::vector<std::vector<WriteResult>> results(jobs.size());
-  std::atomic<size_t> next_job{0};
-  std::atomic<bool> failed{false};
-  std::exception_ptr first_error;
-  std::mutex error_mutex;
-
-  const auto write_file = [&](const FileJob& job, std::vector<WriteResult>& out) {
+  const auto write_file = [&](size_t j, const std::atomic<bool>& failed) {
+    const FileJob& job = jobs[j];
     const std::string file_path = detail::join_path(path_, job.name);
     {
       std::lock_guard<std::mutex> lock(created_mutex_);
@@ -199,70 +217,28 @@ std::vector<WriteResult> FileSystemWriter::write_data(const SavePlan& plan, std:
     for (const WriteItem* item : job.items) tensors.push_back(data[item->data_index].toTensor());
     detail::CopyAhead host_bytes(std::move(tensors), options_.per_thread_copy_ahead());
     int64_t end = 0;
-    for (size_t n = 0; n < job.items.size(); ++n) {
+    for (size_t n = 0; n < job.items.size() && !failed.load(); ++n) {
       const WriteItem* item = job.items[n];
-      if (failed.load()) return;
       WriteResult result;
       result.fqn = item->fqn;
       result.box = item->box;
       result.rank = plan.rank;
       result.location.file = job.name;
       result.location.offset = align_up(end);
-      {
-        // Raw row-major bytes: contiguous, on the CPU, with lazy conjugation/negation
-        // resolved.
-        const at::Tensor host = host_bytes.take(n);
-        const int64_t length = static_cast<int64_t>(host.nbytes());
-        const char* bytes = static_cast<const char*>(host.data_ptr());
-        const detail::HashState state = detail::new_hash_state();
-        for (int64_t done = 0; done < length; done += kPieceBytes) {
-          const int64_t piece = std::min(kPieceBytes, length - done);
-          // Block by block, so that the second hash reads what the first left in cache.
-          for (int64_t block = 0; block < piece; block += kChecksumBlockBytes) {
-            const char* block_bytes = bytes + done + block;
-            const size_t block_length = static_cast<size_t>(std::min(kChecksumBlockBytes, piece - block));
-            XXH3_64bits_update(state.get(), block_bytes, block_length);
-            if (length > kChecksumBlockBytes) {
-              result.location.block_checksums.push_back(XXH3_64bits(block_bytes, block_length));
-            }
-          }
-          file->write_at(bytes + done, piece, result.location.offset + done);
-          if (options_.sync_files()) file->start_writeback(result.location.offset + done, piece);
-        }
-        result.location.checksum = XXH3_64bits_digest(state.get());
-        result.location.length = length;
-        end = result.location.offset + length;
-      }
+      // Raw row-major bytes: contiguous, on the CPU, with lazy conjugation/negation resolved.
+      write_checksummed(*file, host_bytes.take(n), options_.sync_files(), result.location);
+      end = result.location.offset + result.location.length;
       // The bytes are in the file: drop our reference, freeing a buffer nobody else holds.
       data[item->data_index] = c10::IValue();
       on_item_written(result);
-      out.push_back(std::move(result));
+      results[j].push_back(std::move(result));
     }
+    if (failed.load()) return;
     if (options_.sync_files()) file->sync();
     file->close();
   };
-  const auto worker = [&] {
-    for (size_t j = next_job++; j < jobs.size(); j = next_job++) {
-      try {
-        write_file(jobs[j], results[j]);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mutex);
-        if (!first_error) first_error = std::current_exception();
-        failed = true;
-      }
-    }
-  };
-  std::vector<std::thread> helpers;
-  const size_t thread_count = std::min<size_t>(jobs.size(), static_cast<size_t>(options_.thread_count()));
-  for (size_t t = 1; t < thread_count; ++t) {
-    helpers.emplace_back([&worker] {
-      util::run_aten_serially_on_this_thread();
-      worker();
-    });
-  }
-  worker();
-  for (std::thread& helper : helpers) helper.join();
-  if (first_error) std::rethrow_exception(first_error);
+  const size_t threads = std::min<size_t>(jobs.size(), static_cast<size_t>(options_.thread_count()));
+  util::run_parallel_jobs(jobs.size(), std::max<size_t>(threads, 1), write_file);
   // A rank that does not coordinate is done; the coordinator's lock guards its files.
   if (!coordinator_) lock_.reset();
 
