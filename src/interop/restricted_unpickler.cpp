@@ -300,48 +300,57 @@ class Unpickler {
     push(container(Kind::kPersistentId, {std::move(id)}));
   }
 
-  void step() {
+  // The protocol, frames, marks and the stack's own operations; false for another opcode.
+  bool framing_or_stack_op() {
     switch (opcode_) {
       case 0x80: {  // PROTO
         const uint8_t protocol = take_byte();
         if (protocol < 2 || protocol > 5) fail(fmt::format("unsupported pickle protocol {}", protocol));
-        return;
+        return true;
       }
       case 0x95:
         take(8);
-        return;  // FRAME: its length only helps buffering
+        return true;  // FRAME: its length only helps buffering
       case '(':
         marks_.push_back(stack_.size());
-        return;
+        return true;
       case '0':
         pop();
-        return;  // POP
+        return true;  // POP
       case '1':
         pop_to_mark();
-        return;  // POP_MARK
+        return true;  // POP_MARK
       case '2':
         push(top());
-        return;  // DUP
+        return true;  // DUP
+      default:
+        return false;
+    }
+  }
+
+  // Lists, tuples and dicts, empty or from the stack; false for another opcode.
+  bool container_op() {
+    switch (opcode_) {
       case '}':
         push(new_value(Kind::kDict));
-        return;
+        return true;
       case ']':
         push(new_value(Kind::kList));
-        return;
+        return true;
       case ')':
         push(new_value(Kind::kTuple));
-        return;
+        return true;
       case 'l':
         push(container(Kind::kList, pop_to_mark()));
-        return;  // LIST
+        return true;  // LIST
       case 't':
         push(container(Kind::kTuple, pop_to_mark()));
-        return;    // TUPLE
-      case 'd': {  // DICT
+        return true;  // TUPLE
+      case 'd': {     // DICT
         PickleRef dict = new_value(Kind::kDict);
         set_items(*dict, pop_to_mark());
         push(std::move(dict));
-        return;
+        return true;
       }
       case 0x85:
       case 0x86:
@@ -349,71 +358,79 @@ class Unpickler {
         std::vector<PickleRef> items(static_cast<size_t>(opcode_ - 0x84));
         for (size_t i = items.size(); i-- > 0;) items[i] = pop();
         push(container(Kind::kTuple, std::move(items)));
-        return;
+        return true;
       }
       case 'a': {  // APPEND
         PickleRef item = pop();
         append(*top(), {std::move(item)});
-        return;
+        return true;
       }
       case 'e': {  // APPENDS
         std::vector<PickleRef> items = pop_to_mark();
         append(*top(), std::move(items));
-        return;
+        return true;
       }
       case 's': {  // SETITEM
         PickleRef value = pop();
         PickleRef key = pop();
         set_items(*top(), {std::move(key), std::move(value)});
-        return;
+        return true;
       }
       case 'u': {  // SETITEMS
         std::vector<PickleRef> items = pop_to_mark();
         set_items(*top(), std::move(items));
-        return;
+        return true;
       }
+      default:
+        return false;
+    }
+  }
+
+  // Strings, bytes, integers, None, booleans and floats; false for another opcode.
+  bool scalar_op() {
+    switch (opcode_) {
       case 0x8c:
         push_text(Kind::kString, take_le(1));
-        return;  // SHORT_BINUNICODE
+        return true;  // SHORT_BINUNICODE
       case 'X':
         push_text(Kind::kString, take_le(4));
-        return;  // BINUNICODE
+        return true;  // BINUNICODE
       case 0x8d:
         push_text(Kind::kString, take_le(8));
-        return;  // BINUNICODE8
+        return true;  // BINUNICODE8
       case 'C':
         push_text(Kind::kBytes, take_le(1));
-        return;  // SHORT_BINBYTES
+        return true;  // SHORT_BINBYTES
       case 'B':
         push_text(Kind::kBytes, take_le(4));
-        return;  // BINBYTES
+        return true;  // BINBYTES
       case 0x8e:
         push_text(Kind::kBytes, take_le(8));
-        return;  // BINBYTES8
+        return true;  // BINBYTES8
       case 'K':
         push_int(static_cast<int64_t>(take_le(1)));
-        return;  // BININT1
+        return true;  // BININT1
       case 'M':
         push_int(static_cast<int64_t>(take_le(2)));
-        return;  // BININT2
+        return true;  // BININT2
       case 'J':
         push_int(static_cast<int32_t>(static_cast<uint32_t>(take_le(4))));
-        return;  // BININT
+        return true;  // BININT
       case 0x8a:
         push_long(take_le(1));
-        return;  // LONG1
+        return true;  // LONG1
       case 0x8b:
         push_long(take_le(4));
-        return;  // LONG4
+        return true;  // LONG4
       case 'N':
         push(new_value(Kind::kNone));
-        return;
+        return true;
       case 0x88:
         push_bool(true);
-        return;
+        return true;
       case 0x89:
         push_bool(false);
-        return;
+        return true;
       case 'G': {  // BINFLOAT: big-endian IEEE 754 double
         const std::string_view raw = take(8);
         uint64_t bits = 0;
@@ -421,50 +438,64 @@ class Unpickler {
         PickleRef v = new_value(Kind::kFloat);
         std::memcpy(&v->floating, &bits, sizeof bits);
         push(std::move(v));
-        return;
+        return true;
       }
+      default:
+        return false;
+    }
+  }
+
+  // Globals, calls, objects, persistent ids and the memo; false for another opcode.
+  bool object_or_memo_op() {
+    switch (opcode_) {
       case 'c': {  // GLOBAL: "module\nname\n"
         const std::string module = take_line();
         const std::string name = take_line();
         push_global(module, name);
-        return;
+        return true;
       }
       case 0x93:
         stack_global();
-        return;
+        return true;
       case 'R':
         reduce();
-        return;
+        return true;
       case 0x81:
         new_object(false);
-        return;  // NEWOBJ
+        return true;  // NEWOBJ
       case 0x92:
         new_object(true);
-        return;  // NEWOBJ_EX
+        return true;  // NEWOBJ_EX
       case 'b':
         build();
-        return;
+        return true;
       case 'Q':
         persistent_id();
-        return;
+        return true;
       case 0x94:
         memo_put(memo_.size());
-        return;  // MEMOIZE
+        return true;  // MEMOIZE
       case 'q':
         memo_put(take_le(1));
-        return;  // BINPUT
+        return true;  // BINPUT
       case 'r':
         memo_put(take_le(4));
-        return;  // LONG_BINPUT
+        return true;  // LONG_BINPUT
       case 'h':
         memo_get(take_le(1));
-        return;  // BINGET
+        return true;  // BINGET
       case 'j':
         memo_get(take_le(4));
-        return;  // LONG_BINGET
+        return true;  // LONG_BINGET
       default:
-        fail(fmt::format("unsupported opcode {}", unsupported_opcode_name(opcode_)));
+        return false;
     }
+  }
+
+  // Runs the opcode just read.
+  void step() {
+    if (framing_or_stack_op() || container_op() || scalar_op() || object_or_memo_op()) return;
+    fail(fmt::format("unsupported opcode {}", unsupported_opcode_name(opcode_)));
   }
 
   std::string_view in_;
