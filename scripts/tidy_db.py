@@ -10,15 +10,18 @@ the command of the batch that compiles it (fuzz/ and headers: the library's).
 Without, it covers the whole tree. Each unit is written out as its sources' text, one after
 another, not as #includes of them: clang's static analyzer (clang-analyzer-*) analyzes only
 the functions of a unit's main file. Batches whose commands are the same but for their file
-are joined into units of up to MAX_SOURCES sources: a unit costs ~40 s of LibTorch's headers
-whatever its size (most of it performance-unnecessary-value-param matching inside them), and
-18 units check what 47 batches did. Each program's entry point (main, a fuzzer's
-LLVMFuzzerTestOneInput) is renamed in the unit's text, so that programs join too; fuzz/'s
-sources, which no CMake build of tidy's compiles, make one unit of their own. Two sources
-that were never compiled together can clash (one name defined by both); the unit then fails
-to compile, and scripts/tidy_run.py checks its batches apart (DB/parts/compile_commands.json,
-and DB/parts_of.json: unit -> its batches). DB/line_map.json maps each unit's lines back to
-its sources' files and lines.
+and their -I folders are joined into units of up to MAX_SOURCES sources, with the folders of
+them all: a unit costs ~40 s of LibTorch's headers whatever its size (most of it
+performance-unnecessary-value-param matching inside them). The folders of the project's -I
+hold no header of one relative path twice, so that their union finds what each batch's own
+list found; two batches whose sources' folders hold headers of one name (commands.h of
+tools/stowage and of bench/cli, each #included as "commands.h") are kept in different units.
+Each program's entry point (main, a fuzzer's LLVMFuzzerTestOneInput) is renamed in the
+unit's text, so that programs join too; fuzz/'s sources, which no CMake build of tidy's
+compiles, join on the library's command. Two sources that were never compiled together can
+clash (one name defined by both); the unit then fails to compile, and scripts/tidy_run.py
+checks its batches apart (DB/parts/compile_commands.json, and DB/parts_of.json: unit -> its
+batches). DB/line_map.json maps each unit's lines back to its sources' files and lines.
 """
 import json
 import os
@@ -26,7 +29,7 @@ import re
 import shlex
 import sys
 
-MAX_SOURCES = 32
+MAX_SOURCES = 48
 
 root, source_db, db, named = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 entries = json.load(open(source_db))
@@ -48,10 +51,27 @@ def target_of(entry):
 
 
 def without_file(entry):
-    """The entry's command less its file and its output: what batches must share to be joined."""
+    """The entry's command less its file, its output and its -I folders: what batches must
+    share to be joined."""
     args = shlex.split(entry["command"])
     out = args.index("-o")
-    return tuple(a for i, a in enumerate(args) if a != entry["file"] and i not in (out, out + 1))
+    return tuple(a for i, a in enumerate(args)
+                 if a != entry["file"] and i not in (out, out + 1) and not a.startswith("-I"))
+
+
+def include_folders(batches):
+    """The -I folders of the batches, each once, in the order they first appear."""
+    folders = [a for batch in batches for a in shlex.split(batch["command"]) if a.startswith("-I")]
+    return list(dict.fromkeys(folders))
+
+
+def headers_beside(batch):
+    """{header name: folder} of the headers in the folders of the batch's sources, which its
+    quoted #includes find by name alone."""
+    headers = {}
+    for folder in {os.path.dirname(s) for s in sources_of(batch)}:
+        headers.update((name, folder) for name in os.listdir(folder) if name.endswith((".h", ".hpp")))
+    return headers
 
 
 def single(path, like, header=False):
@@ -79,33 +99,41 @@ def text_unit(name, batches, line_map):
     # Quoted #includes are found beside each source, as from the source itself.
     quote = [a for d in sorted({os.path.dirname(s) for s in sources}) for a in ("-iquote", d)]
     first = batches[0]
-    args = shlex.split(first["command"])
+    args = [a for a in shlex.split(first["command"]) if not a.startswith("-I")]
     at = args.index(first["file"])
-    args = args[:at] + quote + [name] + args[at + 1:]
+    args = args[:at] + include_folders(batches) + quote + [name] + args[at + 1:]
     return {"directory": first["directory"], "file": name, "command": shlex.join(args),
             "sources": len(sources)}
 
 
 def joined(batches):
-    """Runs of batches with one command, each run up to MAX_SOURCES sources."""
+    """The batches in units: those of one command (without_file) first fit into units of up
+    to MAX_SOURCES sources where no header name of theirs finds another folder's header."""
     groups = {}
     for batch in batches:
         groups.setdefault(without_file(batch), []).append(batch)
     for group in groups.values():
-        run, count = [], 0
+        runs = []  # [batches, source count, {header name: folder}]
         for batch in group:
-            n = len(sources_of(batch))
-            if run and count + n > MAX_SOURCES:
-                yield run
-                run, count = [], 0
-            run.append(batch)
-            count += n
-        yield run
+            n, headers = len(sources_of(batch)), headers_beside(batch)
+            run = next((r for r in runs if r[1] + n <= MAX_SOURCES and
+                        all(r[2].get(name, folder) == folder for name, folder in headers.items())), None)
+            if run is None:
+                run = [[], 0, {}]
+                runs.append(run)
+            run[0].append(batch)
+            run[1] += n
+            run[2].update(headers)
+        yield from (run[0] for run in runs)
 
 
 def whole_tree():
     units, parts, parts_of, line_map = [], [], {}, {}
-    for run in joined(entries):
+    # fuzz/ (built only by scripts/fuzz.sh's clang build), each source on the library's command.
+    library = next(e for e in entries if target_of(e) == "stowage")
+    fuzz = os.path.join(root, "fuzz")
+    fuzz_sources = [single(os.path.join(fuzz, f), library) for f in sorted(os.listdir(fuzz)) if f.endswith(".cpp")]
+    for run in joined(entries + fuzz_sources):
         name = os.path.join(db, "units", f"{target_of(run[0])}_{len(units)}.cxx")
         units.append(text_unit(name, run, line_map))
         if len(run) > 1:
@@ -114,14 +142,6 @@ def whole_tree():
                 part = os.path.join(db, "units", f"{target_of(batch)}_{len(units)}_{os.path.basename(batch['file'])}")
                 parts.append(text_unit(part, [batch], line_map))
                 parts_of[name].append(part)
-    # fuzz/ (built only by scripts/fuzz.sh's clang build): one unit, on the library's command.
-    library = next(e for e in entries if target_of(e) == "stowage")
-    fuzz = os.path.join(root, "fuzz")
-    fuzz_sources = [single(os.path.join(fuzz, f), library) for f in sorted(os.listdir(fuzz)) if f.endswith(".cpp")]
-    name = os.path.join(db, "units", f"fuzz_{len(units)}.cxx")
-    units.append(text_unit(name, fuzz_sources, line_map))
-    parts_of[name] = [source["file"] for source in fuzz_sources]
-    parts += fuzz_sources
     # The longest units first, so that no long one starts last.
     units.sort(key=lambda unit: unit.get("sources", 1), reverse=True)
     for unit in units + parts:
