@@ -16,15 +16,18 @@ libtorchs=(debian wheel)
 # flagged when it ends and in the summary, so that a slow run shows which step made it
 # slow; it does not fail the run (CI's own limit, 90 minutes, does). A warm run (ccache,
 # the tidy cache and the Python environment kept) takes far less than these.
+# Figures marked ~ are estimates: half the CPU-seconds measured, step by step, on the two
+# cores (docs/reliability.md, "CI", "Shorter cold steps").
 declare -A budget=(
-  ["debian build"]=540  # apt set-up, then the cold build: 489 s (2026-12-05)
+  ["debian build"]=520  # apt set-up, then the cold build: 489 s (2026-12-05); ~462 s since (library batches of 16)
   ["debian ctest"]=260  # one process a suite: 206 s
   ["python env"]=60     # what is left of it once Debian's build is done: 0 s (170 s alone)
-  ["wheel build"]=600   # the cold build: 575 s
+  ["wheel build"]=580   # the cold build: 575 s; ~548 s since (library batches of 16)
   ["wheel ctest"]=330   # one process a suite: 279 s
   [format]=10           # 1 s
-  [tidy]=600            # the whole tree in 18 joined units, nothing remembered (~540 s, estimated)
-  [sanitize]=480        # the ASan + UBSan build at -O1 -g1 and its five suites: 441 s
+  [tidy]=450            # the whole tree in 11 joined units, nothing remembered: 693 CPU-s, ~350 s
+  [sanitize]=440        # the ASan + UBSan build at -O1 -g1 and its five suites: 441 s; ~402 s since
+                        # (library batches of 16, no dcp_dist_worker)
   [fuzz]=180            # the fuzzers' build, then the three at once for 45 s: 162 s
 )
 steps=()
