@@ -1,0 +1,166 @@
+#pragma once
+
+// A checkpoint tier in host memory, replicated to a peer node (issue 40; Gemini's and
+// ML Flashpoint's idea): every save_every steps each rank saves its own state (the
+// model, its share of the optimizer, the progress) with dcp::save, without a group, into
+// a directory of its node, by default under /dev/shm, which outlives the processes, so
+// that a restart of the job finds it. Each rank's checkpoint is then sent over the job's
+// process group to its peer, which keeps it as a replica in its own node's directory.
+//
+//   dcp::MemoryTier memory(dcp::MemoryTierOptions("/dev/shm/stowage-run").save_every(5),
+//                          dcp::node_layout_from_env(world.size), group);
+//   const dcp::TierRestore restored = memory.restore(state, storage_manager);
+//   for (...) {
+//     ... the step ...
+//     if (memory.should_save(step)) memory.save(step, state);   // synchronous, then replicated
+//     storage_manager.save(step, state);                        // every M steps, as before
+//   }
+//
+// Layout: <directory>/node-<N>/rank-<R>-of-<W>/step-<S> (rank R's own checkpoints) and
+// <directory>/node-<N>/replica-of-rank-<Q>-of-<W>/step-<S> (the replicas rank R holds),
+// each a checkpoint of stowage's format (docs/FORMAT.md): committed once its metadata
+// file is there, written last, its chunks checked against their checksums when read.
+// A half-written checkpoint (no metadata) is never restored, and is removed by the next
+// save. Each rank keeps its newest keep_last own checkpoints and replicas.
+//
+// The peer rule: rank R's replica is held by rank (R + ranks_per_node) mod W, the same
+// local rank on the next node of a ring over the nodes. With one node there is no peer,
+// and nothing is replicated.
+//
+// Recovery (restore): every rank lists the steps it can restore itself (its own
+// checkpoints) and those it holds for its source rank (the replicas), each verified
+// (every chunk read and checked): a corrupt or half-written one is not listed. The ranks
+// agree (an all-gather) on the newest step that every rank can get, from its own memory
+// or from its peer; if that step is newer than the storage's newest committed
+// checkpoint, a rank without its own copy fetches it from its peer (into its own
+// directory, committed as any), and every rank loads its own; otherwise, or if any rank
+// fails to load, every rank restores from storage (CheckpointManager::restore). A job of
+// another world size finds no checkpoint of its own (the directory names W), and goes
+// through storage, which reshards.
+//
+// Faults (docs/reliability.md): a lost process restarts from its own memory; a lost
+// node (its processes and its directory) from its peers' replicas; a node and its peer
+// both lost, from storage.
+//
+// Thread safety: one thread calls a MemoryTier. With a group every call is collective:
+// every rank makes the tier, saves and restores together, in the same order.
+
+#include <stowage/dcp/checkpoint_manager.h>
+#include <stowage/dcp/env.h>
+#include <stowage/dist/process_group.h>
+#include <stowage/state/state_dict.h>
+
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace stowage::dcp {
+
+// Where this rank's node is in the job: the node's number and how many ranks each node
+// runs (every node alike).
+struct NodeLayout {
+  int64_t node = 0;
+  int64_t ranks_per_node = 1;
+};
+
+// The layout torchrun and `stowage launch` describe: GROUP_RANK (the node; 0 when unset)
+// and LOCAL_WORLD_SIZE (the ranks per node; `world_size` when unset). Throws
+// InvalidArgument naming a variable that is not a non-negative integer, or a
+// LOCAL_WORLD_SIZE that does not divide `world_size`.
+NodeLayout node_layout_from_env(int64_t world_size);
+
+struct MemoryTierOptions {
+  MemoryTierOptions() = default;
+  explicit MemoryTierOptions(std::string directory) : directory_(std::move(directory)) {}
+
+  // The root of the nodes' directories (node-<N> under it); e.g. /dev/shm/stowage-<run>.
+  TORCH_ARG(std::string, directory) = "";
+  // should_save() is true at the steps that are multiples of this; 0: the tier is off.
+  TORCH_ARG(int64_t, save_every) = 0;
+  // Own checkpoints and replicas each rank keeps, the newest ones: 1 or 2.
+  TORCH_ARG(int64_t, keep_last) = 2;
+  // Every file-system call goes through it (env.h); it must outlive the tier.
+  TORCH_ARG(EnvPointer, env) = Env::posix();
+};
+
+// The checks of a MemoryTier's construction: InvalidArgument naming a negative
+// save_every, a keep_last other than 1 or 2, an empty directory (with save_every > 0) or
+// a null env.
+void check_memory_tier_options(const MemoryTierOptions& options);
+
+// A memory save, the same on every rank (agreed).
+struct MemorySaveReport {
+  int64_t step = 0;
+  int64_t bytes = 0;       // this rank's checkpoint
+  double save_s = 0;       // this rank's write into memory
+  double replicate_s = 0;  // the exchange with the peers and the replica's write
+  // The first rank's failure ("rank 2: ..."), empty when every rank saved and
+  // replicated. A failed save leaves the older checkpoints as they were.
+  std::string error;
+};
+
+// Where a restore came from.
+enum class RestoreTier {
+  kNone,         // nothing to restore: the state is unchanged
+  kMemory,       // every rank from its own memory
+  kPeerReplica,  // some ranks fetched their checkpoint from their peer's replica
+  kStorage,      // from the storage's checkpoints (CheckpointManager::restore)
+};
+
+// "none", "memory", "peer replica", "storage": for messages and metrics.
+const char* restore_tier_name(RestoreTier tier);
+
+struct TierRestore {
+  std::optional<int64_t> step;
+  RestoreTier tier = RestoreTier::kNone;
+  std::vector<int64_t> fetched_ranks;  // kPeerReplica: the ranks that fetched their part
+  // What was passed over, one line each, the same on every rank: memory checkpoints that
+  // could not be verified (this rank's), a memory step that failed to load, and the
+  // storage's skipped checkpoints.
+  std::vector<std::string> skipped;
+};
+
+class MemoryTier {
+ public:
+  // Makes this rank's directories. Throws what check_memory_tier_options throws, and
+  // InvalidArgument for a layout that does not fit the group (ranks_per_node not
+  // dividing its size, a node beyond it). Collective with a group.
+  MemoryTier(MemoryTierOptions options, NodeLayout layout, std::optional<dist::ProcessGroup> group = std::nullopt);
+  ~MemoryTier();
+  MemoryTier(const MemoryTier&) = delete;
+  MemoryTier& operator=(const MemoryTier&) = delete;
+
+  // <directory>/node-<N>.
+  std::string node_directory() const;
+  // This rank's own checkpoint of `step`, and the replica it holds of its source's.
+  std::string own_path(int64_t step) const;
+  std::string replica_path(int64_t step) const;
+  // The rank that holds this rank's replica, and the rank whose replica this one holds;
+  // nothing with one node.
+  std::optional<int64_t> peer() const;
+  std::optional<int64_t> source() const;
+
+  bool should_save(int64_t step) const;
+  // Saves `state` as `step` into this rank's memory, sends it to the peer and keeps the
+  // source's, then prunes. A failure (e.g. the memory's file system full) is reported,
+  // the same on every rank, never thrown.
+  // REQUIRES: `state` does not change until it returns.
+  MemorySaveReport save(int64_t step, const StateDict& state);
+
+  // Restores the newest step every rank can get (see above), from memory, a peer's
+  // replica or `storage`. Throws what storage.restore throws when it comes to it.
+  TierRestore restore(StateDict& state, CheckpointManager& storage, LoadOptions options = {});
+
+  // Removes this rank's own checkpoints and the replicas it holds (a run that ended).
+  void clear();
+
+ private:
+  struct Rep;
+  std::unique_ptr<Rep> rep_;
+};
+
+}  // namespace stowage::dcp

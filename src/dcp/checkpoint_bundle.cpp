@@ -1,0 +1,116 @@
+#include "dcp/checkpoint_bundle.h"
+
+#include <stowage/dcp/metadata.h>
+#include <stowage/error.h>
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace stowage::dcp {
+namespace {
+namespace fs = std::filesystem;
+
+void append_length(std::string& out, uint64_t length) {
+  char bytes[8];
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((length >> (8 * i)) & 0xff);
+  out.append(bytes, sizeof(bytes));
+}
+
+void append_file(std::string& out, const std::string& name, const std::string& path, Env& env) {
+  const std::unique_ptr<ReadableFile> file = env.open_for_reading(path);
+  const int64_t size = file->size();
+  append_length(out, name.size());
+  out += name;
+  append_length(out, static_cast<uint64_t>(size));
+  const size_t start = out.size();
+  out.resize(start + static_cast<size_t>(size));
+  if (size > 0) file->read_at(&out[start], size, 0);
+}
+
+// Reads a bundle front to back; every read checks that the bytes are there.
+class BundleCursor {
+ public:
+  BundleCursor(const std::string& bundle, std::string path) : bundle_(bundle), path_(std::move(path)) {}
+  bool done() const { return offset_ == bundle_.size(); }
+  std::string_view take(uint64_t length) {
+    if (length > bundle_.size() - offset_) {
+      throw CorruptionError(fmt::format("checkpoint bundle for {}: truncated at byte {} of {} (wanted {} more)", path_,
+                                        offset_, bundle_.size(), length),
+                            "", path_, static_cast<int64_t>(offset_));
+    }
+    const std::string_view bytes(bundle_.data() + offset_, length);
+    offset_ += length;
+    return bytes;
+  }
+  uint64_t take_length() {
+    const std::string_view bytes = take(8);
+    uint64_t length = 0;
+    for (int i = 0; i < 8; ++i) length |= uint64_t(static_cast<unsigned char>(bytes[i])) << (8 * i);
+    return length;
+  }
+
+ private:
+  const std::string& bundle_;
+  std::string path_;
+  size_t offset_ = 0;
+};
+
+void write_file(const std::string& path, std::string_view bytes, Env& env) {
+  const std::unique_ptr<WritableFile> file = env.create_file(path);
+  if (!bytes.empty()) file->write_at(bytes.data(), static_cast<int64_t>(bytes.size()), 0);
+  file->close();
+}
+
+}  // namespace
+
+std::string pack_checkpoint(const std::string& path, Env& env) {
+  const std::string metadata = (fs::path(path) / kMetadataFileName).string();
+  if (env.file_type(metadata) != FileType::kRegular) {
+    throw InvalidArgument(
+        fmt::format("pack_checkpoint: {} is not a committed checkpoint (no {})", path, kMetadataFileName));
+  }
+  std::string out;
+  for (const std::string& name : env.list_directory(path)) {
+    if (name == kMetadataFileName) continue;
+    const std::string file = (fs::path(path) / name).string();
+    if (env.file_type(file) != FileType::kRegular) {
+      throw InvalidArgument(
+          fmt::format("pack_checkpoint: {} is {}, not a checkpoint's file", file, describe(env.file_type(file))));
+    }
+    append_file(out, name, file, env);
+  }
+  append_file(out, kMetadataFileName, metadata, env);  // last: its arrival commits the copy
+  return out;
+}
+
+void unpack_checkpoint(const std::string& bundle, const std::string& path, Env& env) {
+  std::vector<std::pair<std::string, std::string_view>> files;
+  BundleCursor cursor(bundle, path);
+  while (!cursor.done()) {
+    std::string name(cursor.take(cursor.take_length()));
+    const std::string_view bytes = cursor.take(cursor.take_length());
+    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
+      throw CorruptionError(fmt::format("checkpoint bundle for {}: a file named '{}'", path, name), "", path);
+    }
+    files.emplace_back(std::move(name), bytes);
+  }
+  if (files.empty() || files.back().first != kMetadataFileName) {
+    throw CorruptionError(fmt::format("checkpoint bundle for {}: its last file is not {}", path, kMetadataFileName), "",
+                          path);
+  }
+  if (env.file_type(path) != FileType::kAbsent) env.remove_tree(path);
+  env.create_directories(path);
+  for (size_t i = 0; i + 1 < files.size(); ++i)
+    write_file((fs::path(path) / files[i].first).string(), files[i].second, env);
+  const std::string metadata = (fs::path(path) / kMetadataFileName).string();
+  write_file(metadata + ".partial", files.back().second, env);
+  env.rename_file(metadata + ".partial", metadata);
+}
+
+}  // namespace stowage::dcp

@@ -1,0 +1,235 @@
+#include <stowage/dcp/memory_tier.h>
+
+#include <stowage/dcp/checkpoint.h>
+#include <stowage/dcp/checkpoint_directory.h>
+#include <stowage/dcp/filesystem.h>
+#include <stowage/error.h>
+
+#include "dcp/checkpoint_bundle.h"
+#include "dcp/memory_tier_rep.h"
+#include "util/decimal.h"
+#include "util/exception_message.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <utility>
+
+namespace stowage::dcp {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The variable's value as a non-negative integer, or `fallback` when it is unset.
+int64_t environment_count(const char* name, int64_t fallback) {
+  const char* text = std::getenv(name);
+  if (text == nullptr) return fallback;
+  const std::optional<int64_t> value = parse_decimal_digits(text);
+  if (!value) {
+    throw InvalidArgument(fmt::format("{}='{}' is not a non-negative integer", name, text));
+  }
+  return *value;
+}
+
+// Removes all but the newest `keep` committed checkpoints of `directory`, and every
+// uncommitted one (a save that died: none is in flight here).
+void prune_directory(const std::string& directory, int64_t keep, Env& env) {
+  int64_t committed_seen = 0;
+  const std::vector<ManagedCheckpoint> all = list_checkpoints(directory, env);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (!it->committed || ++committed_seen > keep) env.remove_tree(it->path);
+  }
+}
+
+}  // namespace
+
+NodeLayout node_layout_from_env(int64_t world_size) {
+  NodeLayout layout;
+  layout.node = environment_count("GROUP_RANK", 0);
+  layout.ranks_per_node = environment_count("LOCAL_WORLD_SIZE", world_size);
+  if (layout.ranks_per_node == 0 || world_size % layout.ranks_per_node != 0) {
+    throw InvalidArgument(
+        fmt::format("LOCAL_WORLD_SIZE={} does not divide the job's {} ranks", layout.ranks_per_node, world_size));
+  }
+  return layout;
+}
+
+void check_memory_tier_options(const MemoryTierOptions& options) {
+  if (options.save_every() < 0) {
+    throw InvalidArgument(fmt::format("MemoryTierOptions: save_every must be >= 0, got {}", options.save_every()));
+  }
+  if (options.keep_last() != 1 && options.keep_last() != 2) {
+    throw InvalidArgument(fmt::format("MemoryTierOptions: keep_last must be 1 or 2, got {}", options.keep_last()));
+  }
+  if (options.save_every() > 0 && options.directory().empty()) {
+    throw InvalidArgument("MemoryTierOptions: the directory is empty");
+  }
+  if (options.env() == nullptr) throw InvalidArgument("MemoryTierOptions: the option env is null");
+}
+
+const char* restore_tier_name(RestoreTier tier) {
+  switch (tier) {
+    case RestoreTier::kNone:
+      return "none";
+    case RestoreTier::kMemory:
+      return "memory";
+    case RestoreTier::kPeerReplica:
+      return "peer replica";
+    case RestoreTier::kStorage:
+      return "storage";
+  }
+  return "?";
+}
+
+std::vector<int64_t> committed_steps(const std::string& directory, Env& env) {
+  std::vector<int64_t> steps;
+  for (const ManagedCheckpoint& checkpoint : list_checkpoints(directory, env)) {
+    if (checkpoint.committed && checkpoint.format == CheckpointFormat::kStowage) steps.push_back(checkpoint.step);
+  }
+  return steps;
+}
+
+std::string MemoryTier::Rep::own_directory() const {
+  return (fs::path(options.directory()) / fmt::format("node-{}", layout.node) /
+          fmt::format("rank-{}-of-{}", rank, world_size))
+      .string();
+}
+
+std::string MemoryTier::Rep::replica_directory(int64_t source) const {
+  return (fs::path(options.directory()) / fmt::format("node-{}", layout.node) /
+          fmt::format("replica-of-rank-{}-of-{}", source, world_size))
+      .string();
+}
+
+std::optional<int64_t> MemoryTier::Rep::peer_of(int64_t of) const {
+  if (layout.ranks_per_node >= world_size) return std::nullopt;  // one node: no other to hold it
+  return (of + layout.ranks_per_node) % world_size;
+}
+
+std::optional<int64_t> MemoryTier::Rep::source_of(int64_t of) const {
+  if (layout.ranks_per_node >= world_size) return std::nullopt;
+  return (of - layout.ranks_per_node + world_size) % world_size;
+}
+
+std::vector<std::string> MemoryTier::Rep::all_gather(const std::string& text) const {
+  return group ? group->all_gather(text) : std::vector<std::string>{text};
+}
+
+std::string MemoryTier::Rep::agreed_error(const std::string& error) const {
+  const std::vector<std::string> errors = all_gather(error);
+  for (size_t r = 0; r < errors.size(); ++r) {
+    if (!errors[r].empty()) return fmt::format("rank {}: {}", r, errors[r]);
+  }
+  return "";
+}
+
+std::string MemoryTier::Rep::send_to(int64_t sender, int64_t receiver, const std::string& bytes) const {
+  TORCH_INTERNAL_ASSERT(group, "MemoryTier: a replica is sent only with a group");
+  std::vector<std::string> parts = group->gather(rank == sender ? bytes : std::string(), receiver);
+  return rank == receiver ? std::move(parts[static_cast<size_t>(sender)]) : std::string();
+}
+
+MemoryTier::MemoryTier(MemoryTierOptions options, NodeLayout layout, std::optional<dist::ProcessGroup> group)
+    : rep_(std::make_unique<Rep>()) {
+  check_memory_tier_options(options);
+  Rep& r = *rep_;
+  r.options = std::move(options);
+  r.layout = layout;
+  r.group = std::move(group);
+  r.rank = r.group ? r.group->rank() : 0;
+  r.world_size = r.group ? r.group->size() : 1;
+  if (layout.ranks_per_node < 1 || r.world_size % layout.ranks_per_node != 0 || layout.node < 0 ||
+      layout.node >= r.world_size / layout.ranks_per_node) {
+    throw InvalidArgument(fmt::format("MemoryTier: node {} with {} ranks per node does not fit a job of {} ranks",
+                                      layout.node, layout.ranks_per_node, r.world_size));
+  }
+  r.env().create_directories(r.own_directory());
+  if (r.source_of(r.rank)) r.env().create_directories(r.replica_directory(*r.source_of(r.rank)));
+}
+
+MemoryTier::~MemoryTier() = default;
+
+std::string MemoryTier::node_directory() const {
+  return (fs::path(rep_->options.directory()) / fmt::format("node-{}", rep_->layout.node)).string();
+}
+
+std::string MemoryTier::own_path(int64_t step) const {
+  return (fs::path(rep_->own_directory()) / step_directory_name(step)).string();
+}
+
+std::string MemoryTier::replica_path(int64_t step) const {
+  TORCH_CHECK(source(), "MemoryTier::replica_path: one node holds no replicas");
+  return (fs::path(rep_->replica_directory(*source())) / step_directory_name(step)).string();
+}
+
+std::optional<int64_t> MemoryTier::peer() const {
+  return rep_->peer_of(rep_->rank);
+}
+
+std::optional<int64_t> MemoryTier::source() const {
+  return rep_->source_of(rep_->rank);
+}
+
+bool MemoryTier::should_save(int64_t step) const {
+  return rep_->options.save_every() > 0 && step % rep_->options.save_every() == 0;
+}
+
+MemorySaveReport MemoryTier::save(int64_t step, const StateDict& state) {
+  Rep& r = *rep_;
+  MemorySaveReport report;
+  report.step = step;
+  std::string error;
+  std::string bundle;
+  const auto start = Clock::now();
+  try {
+    const std::string path = own_path(step);
+    if (r.env().file_type(path) != FileType::kAbsent) r.env().remove_tree(path);
+    // Memory is not a disk: no fsync. The commit rule (metadata last) still holds.
+    FileSystemWriter writer(path, FileSystemWriterOptions().env(r.options.env()).sync_files(false));
+    dcp::save(state, writer);  // this rank's state alone, without the group
+    if (peer()) bundle = pack_checkpoint(path, r.env());
+    report.bytes = static_cast<int64_t>(bundle.size());
+  } catch (const std::exception& failure) {
+    error = exception_message(failure);
+    bundle.clear();  // the peer keeps what it has
+  }
+  report.save_s = seconds_since(start);
+  const auto replicate_start = Clock::now();
+  if (peer()) {
+    for (int64_t receiver = 0; receiver < r.world_size; ++receiver) {
+      std::string received = r.send_to(*r.source_of(receiver), receiver, bundle);
+      if (receiver != r.rank || received.empty() || !error.empty()) continue;
+      try {
+        unpack_checkpoint(received, replica_path(step), r.env());
+      } catch (const std::exception& failure) {
+        error = fmt::format("the replica of rank {}: {}", *source(), exception_message(failure));
+      }
+    }
+  }
+  report.replicate_s = seconds_since(replicate_start);
+  if (error.empty()) {
+    try {
+      prune_directory(r.own_directory(), r.options.keep_last(), r.env());
+      if (source()) prune_directory(r.replica_directory(*source()), r.options.keep_last(), r.env());
+    } catch (const std::exception& failure) {
+      error = exception_message(failure);
+    }
+  }
+  report.error = r.agreed_error(error);
+  return report;
+}
+
+void MemoryTier::clear() {
+  Rep& r = *rep_;
+  r.env().remove_tree(r.own_directory());
+  if (source()) r.env().remove_tree(r.replica_directory(*source()));
+}
+
+}  // namespace stowage::dcp
