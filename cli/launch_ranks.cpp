@@ -80,8 +80,13 @@ std::vector<std::string> own_command_line() {
   return args;
 }
 
-int launch_ranks(int nproc, int port, std::chrono::seconds grace, const std::vector<std::string>& command) {
+int launch_ranks(int nproc, int port, std::chrono::seconds grace, const std::vector<std::string>& command,
+                 int nproc_per_node) {
   if (command.empty()) throw InvalidArgument("launch: no command given after --");
+  if (nproc_per_node == 0) nproc_per_node = nproc;
+  if (nproc_per_node < 0 || nproc % nproc_per_node != 0) {
+    throw InvalidArgument(fmt::format("launch: --nproc-per-node {} does not divide --nproc {}", nproc_per_node, nproc));
+  }
   if (port == 0) port = free_port();
   forward_signals_to_ranks();
   std::vector<pid_t> children;
@@ -93,9 +98,10 @@ int launch_ranks(int nproc, int port, std::chrono::seconds grace, const std::vec
       setpgid(0, ranks_group);
       prctl(PR_SET_PDEATHSIG, SIGKILL);  // out of launch's group: they must not outlive it
       setenv("RANK", std::to_string(rank).c_str(), 1);
-      setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+      setenv("LOCAL_RANK", std::to_string(rank % nproc_per_node).c_str(), 1);
+      setenv("GROUP_RANK", std::to_string(rank / nproc_per_node).c_str(), 1);
       setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+      setenv("LOCAL_WORLD_SIZE", std::to_string(nproc_per_node).c_str(), 1);
       setenv("MASTER_ADDR", "127.0.0.1", 1);
       setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       std::vector<char*> argv;

@@ -18,9 +18,12 @@
 
 namespace stowage::cli {
 
-// Runs `command` as ranks 0..nproc-1 with torchrun's environment (port 0: a free one);
-// returns the first failed rank's exit status, or 0.
-int launch_ranks(int nproc, int port, std::chrono::seconds grace, const std::vector<std::string>& command);
+// Runs `command` as ranks 0..nproc-1 with torchrun's environment (port 0: a free one),
+// `nproc_per_node` to a node (0: all on one): rank R is local rank R mod nproc_per_node of
+// node (GROUP_RANK) R / nproc_per_node, as torchrun numbers them. Returns the first failed
+// rank's exit status, or 0. Throws InvalidArgument when nproc_per_node does not divide nproc.
+int launch_ranks(int nproc, int port, std::chrono::seconds grace, const std::vector<std::string>& command,
+                 int nproc_per_node = 0);
 
 // The absolute path of this executable, to start it again as ranks.
 std::string executable_path();

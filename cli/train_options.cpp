@@ -76,6 +76,16 @@ const std::vector<TrainFlag>& train_flags() {
       {"--ckpt-every", &TrainOptions::ckpt_every, "asynchronous checkpoint every K steps (0: none)",
        non_negative_integer<int64_t>()},
       {"--keep", &TrainOptions::keep, "committed checkpoints to keep", positive_integer<int64_t>()},
+      {"--memory-ckpt-every", &TrainOptions::memory_ckpt_every,
+       "checkpoint into host memory every K steps, each rank's replicated to the same local rank of the next node; "
+       "a resume takes the newest step every rank can get from memory, a peer or storage (0: none; needs "
+       "--ckpt-every)",
+       non_negative_integer<int64_t>()},
+      {"--memory-ckpt-dir",
+       &TrainOptions::memory_ckpt_dir,
+       "with --memory-ckpt-every: the nodes' memory directories go under this (node-N each; default "
+       "/dev/shm/stowage-<hash of the run directory>)",
+       {}},
       {"--resume", &TrainOptions::resume, "continue from the run directory's latest committed checkpoint", {}, true},
       {"--resume-from",
        &TrainOptions::resume_from,
@@ -92,6 +102,10 @@ const std::vector<TrainFlag>& train_flags() {
        "data-parallel ranks on this machine, started as with `stowage launch`; --batch is split over them and the "
        "optimizer state sharded",
        positive_integer<int>()},
+      {"--nproc-per-node", &TrainOptions::nproc_per_node,
+       "with --nproc: ranks per node, as torchrun sets GROUP_RANK, LOCAL_RANK and LOCAL_WORLD_SIZE (several "
+       "\"nodes\" on this machine; 0: all on one)",
+       non_negative_integer<int>()},
       {"--zero-stage", &TrainOptions::zero_stage,
        "with several ranks: 1 shards the optimizer state over them, 2 the gradients too (each rank keeps only those "
        "of its own parameters); stage 3 (parameters) is not supported",

@@ -40,12 +40,15 @@ struct TrainOptions {
   std::string swap_host_budget;            // disk tier: host memory for its buffers ("256MiB"); empty: no bound
   int64_t ckpt_every = 50;                 // 0: no checkpoints
   int64_t keep = 3;
+  int64_t memory_ckpt_every = 0;  // 0: no memory tier
+  std::string memory_ckpt_dir;    // empty: train::default_memory_directory(run_dir)
   bool resume = false;
   bool allow_config_change = false;  // resume a run with other --corpus, --batch, model sizes or --seed
   std::string resume_from;           // another checkpoint to start from (stowage's or PyTorch DCP's)
   int64_t log_every = 25;
   std::string cpu_cache = "1GiB";  // train::TrainerOptions::cpu_cache_bytes
   int nproc = 1;
+  int nproc_per_node = 0;                    // 0: --nproc, one node
   int64_t zero_stage = 2;                    // 1: optimizer state sharded; 2: gradients too
   bool gradient_as_bucket_view = true;       // false: the reducer's buckets are a second copy of the gradients
   std::string device = "cpu";                // "cuda": each rank's cuda:LOCAL_RANK

@@ -107,6 +107,25 @@ void MetricsFile::checkpoint(const dcp::SaveReport& r) {
              .dump());
 }
 
+void MetricsFile::memory_checkpoint(const dcp::MemorySaveReport& r) {
+  record(nlohmann::json{{"event", r.error.empty() ? "memory_checkpoint" : "memory_checkpoint_failed"},
+                        {"step", r.step},
+                        {"bytes", r.bytes},
+                        {"save_ms", r.save_s * 1e3},
+                        {"replicate_ms", r.replicate_s * 1e3},
+                        {"error", r.error}}
+             .dump());
+}
+
+void MetricsFile::restore(const dcp::TierRestore& restored) {
+  record(nlohmann::json{{"event", "restore"},
+                        {"step", restored.step.value_or(0)},
+                        {"tier", dcp::restore_tier_name(restored.tier)},
+                        {"fetched_ranks", restored.fetched_ranks},
+                        {"skipped", restored.skipped}}
+             .dump());
+}
+
 void MetricsFile::end(const RunSummary& s) {
   record(record_line("end", s, [](const RunSummary& each, auto&& field) { summary_fields(each, field); }));
 }

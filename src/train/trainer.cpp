@@ -12,6 +12,7 @@
 
 #include <ATen/ops/full.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/nn/module.h>
 
 #include <chrono>
@@ -37,8 +38,18 @@ std::string signal_name_of(int signal) {
   return abbreviation != nullptr ? fmt::format("SIG{}", abbreviation) : fmt::format("signal {}", signal);
 }
 
+// The memory tier's options with its directory (default_memory_directory when empty).
+dcp::MemoryTierOptions memory_tier_options(const TrainerOptions& options) {
+  dcp::MemoryTierOptions memory = options.memory_checkpoints();
+  if (memory.directory().empty()) memory.directory(default_memory_directory(options.run_dir()));
+  return memory;
+}
+
 void check_options(const TrainerOptions& options) {
   if (options.run_dir().empty()) throw InvalidArgument("TrainerOptions: run_dir is empty");
+  if (options.memory_checkpoints().save_every() > 0 && options.checkpoints().save_every() == 0) {
+    throw InvalidArgument("TrainerOptions: memory_checkpoints need checkpoints (save_every > 0) to fall back to");
+  }
   if (options.steps() < 1) {
     throw InvalidArgument(fmt::format("TrainerOptions: steps must be at least 1, got {}", options.steps()));
   }
@@ -50,6 +61,7 @@ void check_options(const TrainerOptions& options) {
         fmt::format("TrainerOptions: resume and resume_from '{}' exclude each other", options.resume_from()));
   }
   dcp::check_checkpoint_manager_options(options.checkpoints());
+  dcp::check_memory_tier_options(memory_tier_options(options));
   if (options.cpu_cache_bytes() < 0) {
     throw InvalidArgument(
         fmt::format("TrainerOptions: cpu_cache_bytes must not be negative, got {}", options.cpu_cache_bytes()));
@@ -96,6 +108,14 @@ void run_agreed(const std::optional<dist::ProcessGroup>& group, const std::funct
 
 }  // namespace
 
+std::string default_memory_directory(const std::string& run_dir) {
+  uint64_t hash = 14695981039346656037ULL;  // FNV-1a: the same on every rank and every restart
+  for (const char c : fs::absolute(run_dir).lexically_normal().string()) {
+    hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
+  }
+  return fmt::format("/dev/shm/stowage-{:016x}", hash);
+}
+
 struct Trainer::Rep {
   explicit Rep(TrainerOptions options_in)
       : options((check_options(options_in), std::move(options_in))),
@@ -107,6 +127,8 @@ struct Trainer::Rep {
   void make_optimizer(const OptimizerFactory& make, at::Generator data);
   void claim_run_directory();
   int64_t restore_latest();
+  void restore_from_tiers();
+  void save_to_memory_if_due(int64_t step);
   void start_from_other_checkpoint();
   void measure_step(StepRecord& record);
   void save_if_due(int64_t step);
@@ -130,6 +152,7 @@ struct Trainer::Rep {
   std::unique_ptr<dist::GradientReducer> reducer;  // with a group
   c10::intrusive_ptr<TrainingProgress> progress;
   std::optional<dcp::CheckpointManager> checkpoints;
+  std::optional<dcp::MemoryTier> memory_tier;  // with memory_checkpoints
 
   int64_t baseline_bytes = 0;  // the parameters and what came before them
   int64_t before_forward_bytes = 0;
@@ -179,6 +202,11 @@ void Trainer::Rep::claim_run_directory() {
     events = options.events() ? options.events()(metrics_path) : std::make_shared<MetricsFile>(metrics_path);
   });
   checkpoints.emplace(checkpoints_directory(options.run_dir()), options.checkpoints(), world.group);
+  if (options.memory_checkpoints().save_every() > 0) {
+    run_agreed(world.group, [&] {
+      memory_tier.emplace(memory_tier_options(options), dcp::node_layout_from_env(world.size), world.group);
+    });
+  }
 }
 
 // Everything a resumed run needs: model (parameters and buffers), optimizer (swapped
@@ -193,9 +221,39 @@ StateDict Trainer::Rep::live_state() {
   return state;
 }
 
+// The newest step every rank can get from memory, a peer's replica or storage
+// (dcp::MemoryTier::restore); rank 0 says what was skipped and which tier it came from.
+void Trainer::Rep::restore_from_tiers() {
+  StateDict state = live_state();
+  const dcp::TierRestore restored = memory_tier->restore(state, *checkpoints);
+  for (const std::string& line : restored.skipped) message("resume: skipped " + line);
+  if (events) events->restore(restored);
+  if (!restored.step) {
+    message(fmt::format("resume: no checkpoint in memory nor in {}: starting from step 0", checkpoints->directory()));
+    return;
+  }
+  const std::string fetched = restored.fetched_ranks.empty()
+                                  ? ""
+                                  : fmt::format(", ranks {} fetched theirs", fmt::join(restored.fetched_ranks, ", "));
+  message(fmt::format("resume: from {} (step {}{})", dcp::restore_tier_name(restored.tier), progress->step(), fetched));
+}
+
+void Trainer::Rep::save_to_memory_if_due(int64_t step) {
+  if (!memory_tier || !memory_tier->should_save(step)) return;
+  const dcp::MemorySaveReport report = memory_tier->save(step, live_state());
+  if (events) events->memory_checkpoint(report);
+  if (!report.error.empty() && events) {
+    events->warning(fmt::format("the memory checkpoint of step {} failed: {}", step, report.error));
+  }
+}
+
 // A committed checkpoint that cannot be read is skipped for the next older one, and
 // rank 0 says which were skipped and which one the run resumed from.
 int64_t Trainer::Rep::restore_latest() {
+  if (memory_tier) {
+    restore_from_tiers();
+    return progress->step();
+  }
   StateDict state = live_state();
   std::vector<dcp::SkippedCheckpoint> skipped;
   const auto report_skipped = [&] {
@@ -409,6 +467,7 @@ bool Trainer::end_step(int64_t step, double loss) {
   if (r.options.tokens_per_step() > 0)
     record.tokens_per_s = static_cast<double>(r.options.tokens_per_step()) / record.step_s;
   r.measure_step(record);
+  r.save_to_memory_if_due(step);
   r.save_if_due(step);
   r.report(r.checkpoints->poll());
   if (!r.trained_any) r.summary.first_loss = loss;
@@ -443,6 +502,10 @@ int Trainer::finish() {
   if (r.last_save_error && r.events) {
     r.events->warning(
         fmt::format("the last checkpoint (step {}) failed: {}", r.last_save_error->first, r.last_save_error->second));
+  }
+  // Every step trained and kept in storage: the memory tier has nothing left to offer.
+  if (r.memory_tier && r.summary.exit_status == 0 && r.progress->step() == r.options.steps()) {
+    r.memory_tier->clear();
   }
   if (r.events) r.events->end(r.summary);
   return r.summary.exit_status;

@@ -345,5 +345,34 @@ TEST(TrainSaveFailure, AReadOnlyRunDirectoryIsAClearErrorBeforeTraining) {
   EXPECT_NE(result.output.find("Read-only file system"), std::string::npos) << result.output;
 }
 
+// Issue 40: two "nodes" of two ranks, each with its memory directory (node-<N> under
+// --memory-ckpt-dir). Node 1 is lost (its ranks killed, its memory removed) once node 0
+// holds its replicas; the restarted job resumes from them at the last memory step that
+// every rank can get, and ends bit-identical to a run that never failed.
+TEST(TrainLostNode, ALostNodeResumesFromItsPeersReplicasAndEndsBitIdentical) {
+  RunDir straight, failed;
+  const std::string memory = failed.str() + "-memory";
+  const std::string args = "--nproc 4 --nproc-per-node 2 --steps 40 --ckpt-every 40";
+  ASSERT_EQ(train(straight, args).status, 0);
+  const std::string tiered = args + " --memory-ckpt-every 2 --memory-ckpt-dir " + memory;
+  BackgroundTrain run(failed, tiered);
+  const fs::path replica = fs::path(memory) / "node-0/replica-of-rank-2-of-4/step-00000004/.metadata.json";
+  std::map<int, pid_t> ranks;
+  ASSERT_TRUE(run.wait_until([&] {
+    ranks = ranks_by_number(failed.str());
+    return fs::exists(replica) && ranks.count(2) > 0 && ranks.count(3) > 0;
+  })) << run.output();
+  ASSERT_TRUE(signal_descendant(ranks.at(2), SIGKILL));
+  ASSERT_TRUE(signal_descendant(ranks.at(3), SIGKILL));
+  ASSERT_NE(run.finish(), 0) << "the run ended before node 1 was lost: " << run.output();
+  fs::remove_all(fs::path(memory) / "node-1");
+  const auto resumed = train(failed, tiered + " --resume");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resume: from peer replica (step "), std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find("ranks 2, 3 fetched theirs"), std::string::npos) << resumed.output;
+  expect_same_checkpoint(step_dir(straight, 40), step_dir(failed, 40));
+  fs::remove_all(memory);
+}
+
 }  // namespace
 }  // namespace stowage::testing

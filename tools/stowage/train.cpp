@@ -60,6 +60,7 @@ train::TrainerOptions trainer_options(const TrainOptions& options, c10::Device d
                        .keep_last(options.keep)
                        .on_save_failure(on_failure)
                        .max_consecutive_failures(options.max_save_failures))
+      .memory_checkpoints(dcp::MemoryTierOptions(options.memory_ckpt_dir).save_every(options.memory_ckpt_every))
       .preemption(dist::PreemptionOptions().signals(signals).grace(*parse_duration(options.preempt_grace)))
       .swap(swap)
       .zero_stage(options.zero_stage)
@@ -142,7 +143,8 @@ void add_train_command(CLI::App& app) {
       throw CLI::ValidationError(e.what());
     }
     if (options->nproc > 1 && world_size == nullptr) {
-      const int code = launch_ranks(options->nproc, /*port=*/0, std::chrono::seconds(5), own_command_line());
+      const int code = launch_ranks(options->nproc, /*port=*/0, std::chrono::seconds(5), own_command_line(),
+                                    options->nproc_per_node);
       if (code != 0) throw CLI::RuntimeError(code);
       return;
     }

@@ -108,6 +108,18 @@ void Progress::step(const train::StepRecord& r) {
   }
 }
 
+void Progress::memory_checkpoint(const dcp::MemorySaveReport& r) {
+  metrics_.memory_checkpoint(r);
+  if (r.error.empty()) {
+    last_memory_checkpoint_ =
+        fmt::format("mem@{} {:.0f} ms + replica {:.0f} ms", r.step, r.save_s * 1e3, r.replicate_s * 1e3);
+  }
+}
+
+void Progress::restore(const dcp::TierRestore& restored) {
+  metrics_.restore(restored);
+}
+
 void Progress::checkpoint(const dcp::SaveReport& r) {
   metrics_.checkpoint(r);
   if (!r.committed) {
@@ -164,7 +176,10 @@ void Progress::draw() {
   if (!last_step_) return;
   // One column short of the width: a line that fills the last column leaves some
   // terminals' cursor on the next line.
-  const std::string line = fit_progress_line(progress_fields(*last_step_, last_checkpoint_), terminal_columns() - 1);
+  const std::string checkpoints = last_memory_checkpoint_.empty() || last_checkpoint_.empty()
+                                      ? last_checkpoint_ + last_memory_checkpoint_
+                                      : last_checkpoint_ + "; " + last_memory_checkpoint_;
+  const std::string line = fit_progress_line(progress_fields(*last_step_, checkpoints), terminal_columns() - 1);
   fmt::print("\r\033[2K{}", line);
   std::fflush(stdout);
 }

@@ -43,6 +43,10 @@ class Progress final : public train::EventSink {
   // A committed checkpoint, or a failed one (an event of its own in the metrics, and a
   // line on stderr).
   void checkpoint(const dcp::SaveReport& report) override;
+  // A memory-tier save and where a resume came from: in the metrics (a failed memory
+  // save is also a warning, the Trainer's).
+  void memory_checkpoint(const dcp::MemorySaveReport& report) override;
+  void restore(const dcp::TierRestore& restored) override;
   void end(const train::RunSummary& summary) override;
   // Any other line (resume notices, the summary): printed above the bar.
   void message(const std::string& text) override;
@@ -59,6 +63,7 @@ class Progress final : public train::EventSink {
   int64_t log_every_;
   std::optional<train::StepRecord> last_step_;
   std::string last_checkpoint_;
+  std::string last_memory_checkpoint_;  // the memory tier's last save (empty: none)
 };
 
 std::string format_bytes(int64_t bytes);

@@ -18,6 +18,7 @@
 //    "gradient_bytes", "exit_status"}
 
 #include <stowage/dcp/checkpoint_manager.h>
+#include <stowage/dcp/memory_tier.h>
 
 #include <cstdint>
 #include <fstream>
@@ -71,6 +72,10 @@ class EventSink {
   virtual void step(const StepRecord& record) = 0;
   // A save that ended: committed, or failed (report.error says why).
   virtual void checkpoint(const dcp::SaveReport& report) = 0;
+  // A save into the memory tier (TrainerOptions::memory_checkpoints); none by default.
+  virtual void memory_checkpoint(const dcp::MemorySaveReport& /*report*/) {}
+  // Where the run resumed from (its step and tier); none by default.
+  virtual void restore(const dcp::TierRestore& /*restored*/) {}
   virtual void end(const RunSummary& summary) = 0;
   // A line for the run's user; a warning is about something that went wrong.
   virtual void message(const std::string& text) = 0;
@@ -85,6 +90,9 @@ class MetricsFile : public EventSink {
 
   void step(const StepRecord& record) override;
   void checkpoint(const dcp::SaveReport& report) override;
+  // {"event": "memory_checkpoint", ...} and {"event": "restore", "step", "tier", ...}.
+  void memory_checkpoint(const dcp::MemorySaveReport& report) override;
+  void restore(const dcp::TierRestore& restored) override;
   void end(const RunSummary& summary) override;
   void message(const std::string& text) override;
   void warning(const std::string& text) override;

@@ -33,6 +33,7 @@
 
 #include <stowage/dcp/checkpoint_manager.h>
 #include <stowage/dcp/filesystem.h>
+#include <stowage/dcp/memory_tier.h>
 #include <stowage/dist/preemption.h>
 #include <stowage/dist/world.h>
 #include <stowage/optim/swap_config.h>
@@ -81,6 +82,11 @@ struct TrainerOptions {
   TORCH_ARG(bool, allow_config_change) = false;
   // Checkpoints into <run_dir>/checkpoints; save_every 0: none at all.
   TORCH_ARG(dcp::CheckpointManagerOptions, checkpoints) = {};
+  // Checkpoints in host memory, replicated to a peer node (dcp/memory_tier.h), every
+  // save_every steps; 0: none. An empty directory is default_memory_directory(run_dir).
+  // A resume restores the newest step every rank can get from memory, a peer's replica
+  // or storage; a run that ends with every step trained removes its memory checkpoints.
+  TORCH_ARG(dcp::MemoryTierOptions, memory_checkpoints) = {};
   TORCH_ARG(dist::PreemptionOptions, preemption) = {};
   // The optimizer state swapped to host memory or disk between steps (optim/swap_config.h).
   TORCH_ARG(std::optional<optim::SwapOptimizerConfig>, swap) = std::nullopt;
@@ -105,6 +111,10 @@ struct TrainerOptions {
   using EventSinkFactory = std::function<std::shared_ptr<EventSink>(const std::string& metrics_path)>;
   TORCH_ARG(EventSinkFactory, events) = nullptr;
 };
+
+// /dev/shm/stowage-<16 hex digits of a hash of run_dir's absolute path>: a run's memory
+// tier, the same for every rank and every restart of the run.
+std::string default_memory_directory(const std::string& run_dir);
 
 class Trainer {
  public:
