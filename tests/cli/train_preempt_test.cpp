@@ -350,8 +350,8 @@ TEST(TrainSaveFailure, AReadOnlyRunDirectoryIsAClearErrorBeforeTraining) {
 // holds its replicas; the restarted job resumes from them at the last memory step that
 // every rank can get, and ends bit-identical to a run that never failed.
 TEST(TrainLostNode, ALostNodeResumesFromItsPeersReplicasAndEndsBitIdentical) {
-  RunDir straight, failed;
-  const std::string memory = failed.str() + "-memory";
+  RunDir straight, failed, memory_root;  // each removed with the test, however it ends
+  const std::string memory = memory_root.str();
   const std::string args = "--nproc 4 --nproc-per-node 2 --steps 40 --ckpt-every 40";
   ASSERT_EQ(train(straight, args).status, 0);
   const std::string tiered = args + " --memory-ckpt-every 2 --memory-ckpt-dir " + memory;
@@ -371,7 +371,6 @@ TEST(TrainLostNode, ALostNodeResumesFromItsPeersReplicasAndEndsBitIdentical) {
   EXPECT_NE(resumed.output.find("resume: from peer replica (step "), std::string::npos) << resumed.output;
   EXPECT_NE(resumed.output.find("ranks 2, 3 fetched theirs"), std::string::npos) << resumed.output;
   expect_same_checkpoint(step_dir(straight, 40), step_dir(failed, 40));
-  fs::remove_all(memory);
 }
 
 }  // namespace
