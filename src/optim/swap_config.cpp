@@ -68,10 +68,38 @@ void SwapOptimizerConfig::validate() const {
       throw InvalidArgument(fmt::format("SwapOptimizerConfig.state_keys lists '{}' more than once.", state_keys_[i]));
     }
   }
+  validate_update_on_host();
   if (contains(state_keys_, kMasterParam) && !include_master_params_) {
     throw InvalidArgument(
         "SwapOptimizerConfig.state_keys lists 'master_param' but include_master_params is false; set "
         "include_master_params(true) to swap master weights.");
+  }
+}
+
+void SwapOptimizerConfig::validate_update_on_host() const {
+  if (!(offload_fraction_ >= 0 && offload_fraction_ <= 1)) {  // NaN fails too
+    throw InvalidArgument(
+        fmt::format("SwapOptimizerConfig.offload_fraction must be in [0, 1], got {}.", offload_fraction_));
+  }
+  if (!update_on_host_) {
+    if (offload_fraction_ != 1) {
+      throw InvalidArgument(
+          fmt::format("SwapOptimizerConfig.offload_fraction ({}) splits the update between device and host: it needs "
+                      "update_on_host(true).",
+                      offload_fraction_));
+    }
+    return;
+  }
+  if (!state_keys_.empty()) {
+    throw InvalidArgument(fmt::format(
+        "SwapOptimizerConfig.update_on_host keeps every state on the host, but state_keys lists [{}]: leave it empty.",
+        fmt::join(state_keys_, ", ")));
+  }
+  if (disk_tier()) {
+    throw InvalidArgument(fmt::format(
+        "SwapOptimizerConfig.update_on_host updates the states in host memory; the disk tier (swap_dir '{}') is not "
+        "supported with it.",
+        swap_dir_));
   }
 }
 

@@ -49,6 +49,7 @@ struct Unit {
 
 struct DiskTier;
 struct WrapClaim;
+class HostUpdate;
 
 }  // namespace stowage::optim::detail
 
@@ -108,9 +109,11 @@ struct SwapOptimizer::Rep {
   std::vector<at::Tensor> allocate_host_tensors(const std::vector<detail::StatePlacement>& placements,
                                                 detail::HostLayout& fresh);
   void fill_host_tensors(const std::vector<detail::StatePlacement>& placements, std::vector<at::Tensor>& hosts);
-  // Adam's update of one parameter that has a gradient; its swapped states are
-  // `swapped_state(tensor)` (device copies), the others its own.
-  void update_unit(detail::Unit& unit, const std::function<at::Tensor(const detail::StateTensor&)>& swapped_state);
+  // Adam's update of one parameter that has a gradient, of `param` with `grad` (the unit's
+  // own, or their host copies); its swapped states are `swapped_state(tensor)` (device
+  // copies, or the host tensors), the others its own. `on_host`: FusedAdamW's pass.
+  void update_unit(detail::Unit& unit, const std::function<at::Tensor(const detail::StateTensor&)>& swapped_state,
+                   const at::Tensor& param, const at::Tensor& grad, bool on_host);
   // The disk tier's batches (their sizes in units, as partition_by_cost gives them):
   // swap_times, or as many more as it takes for each to fit one host buffer of
   // host_budget_bytes / buffer_count; sizes the tier's buffers. Throws InvalidArgument for
@@ -128,7 +131,8 @@ struct SwapOptimizer::Rep {
   c10::Device device_;
   std::unique_ptr<memory::CopyEngine> engine_;
   std::unique_ptr<detail::HostLayout> layout_;
-  std::unique_ptr<detail::DiskTier> disk_;  // with a swap_dir only
+  std::unique_ptr<detail::DiskTier> disk_;           // with a swap_dir only
+  std::unique_ptr<detail::HostUpdate> host_update_;  // with update_on_host only
   // Completes when the last download into the host buffers has; the host buffers must not
   // be read or rewritten on the CPU, nor uploaded, before it.
   memory::CopyEvent host_ready_;

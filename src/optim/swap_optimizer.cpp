@@ -5,6 +5,7 @@
 
 #include "optim/adam_update.h"
 #include "optim/disk_tier.h"
+#include "optim/host_update.h"
 #include "optim/swap_internal.h"
 #include "optim/swap_pipeline.h"
 
@@ -91,6 +92,10 @@ SwapOptimizer::Rep::Rep(std::shared_ptr<torch::optim::Optimizer> optimizer, Swap
     }
     swapped_slot_[slot] = true;
   }
+  // The host update needs every state of its parameters on the host, the master too.
+  if (config_.update_on_host() && detail::has_slot(*adapter_, detail::kMasterParamSlot)) {
+    swapped_slot_[detail::kMasterParamSlot] = true;
+  }
   const auto& groups = optimizer_->param_groups();
   for (const auto& group : groups) {
     if (!group.params().empty()) {
@@ -109,6 +114,7 @@ SwapOptimizer::Rep::Rep(std::shared_ptr<torch::optim::Optimizer> optimizer, Swap
     disk_->stats.io_path = disk_->io->path();
   }
   engine_ = std::make_unique<memory::CopyEngine>(device_, env_);
+  if (config_.update_on_host()) host_update_ = std::make_unique<detail::HostUpdate>();
   layout_ = std::make_unique<detail::HostLayout>();
 
   // States created before wrapping go to the host now, so that they hold no device memory
@@ -362,6 +368,13 @@ at::Tensor SwapOptimizer::Rep::step(const torch::optim::Optimizer::LossClosure& 
   // Packed mode moves contiguous host ranges, so it carries the states of parameters
   // without a gradient along (unchanged); per-tensor mode leaves them on the host.
   std::vector<Unit> units = collect_units();
+  if (host_update_) {
+    std::vector<Unit> on_host = detail::take_host_units(units, optimizer_->param_groups(), config_.offload_fraction());
+    host_update_->run(*engine_, on_host, [this](Unit& unit, const at::Tensor& param, const at::Tensor& grad) {
+      update_unit(
+          unit, [](const StateTensor& tensor) { return *tensor.holder; }, param, grad, /*on_host=*/true);
+    });
+  }
   if (!config_.packed_swap()) {
     units.erase(std::remove_if(units.begin(), units.end(), [](const Unit& u) { return !u.has_grad; }), units.end());
   }
@@ -387,7 +400,9 @@ at::Tensor SwapOptimizer::Rep::step(const torch::optim::Optimizer::LossClosure& 
     transport = detail::make_per_tensor_transport(*engine_, units, batches, device_);
   }
   detail::run_swap_pipeline(*engine_, *transport, units, batches, host_ready_,
-                            [this](Unit& unit, const auto& swapped_state) { update_unit(unit, swapped_state); });
+                            [this](Unit& unit, const auto& swapped_state) {
+                              update_unit(unit, swapped_state, unit.param, unit.param.grad(), /*on_host=*/false);
+                            });
   return {};
 }
 
@@ -438,25 +453,26 @@ DiskTierStats SwapOptimizer::Rep::disk_stats() const {
 // Updates one parameter, or (on an exception) changes nothing: the update allocates
 // before it writes, and step() has checked its inputs. The step count moves only once the
 // update is done.
-void SwapOptimizer::Rep::update_unit(Unit& unit, const std::function<at::Tensor(const StateTensor&)>& swapped_state) {
+void SwapOptimizer::Rep::update_unit(Unit& unit, const std::function<at::Tensor(const StateTensor&)>& swapped_state,
+                                     const at::Tensor& param, const at::Tensor& grad, bool on_host) {
   if (!unit.has_grad) return;
   std::vector<at::Tensor> tensors(detail::kSlotCount);
   for (const StateTensor& tensor : unit.state.tensors) {
     tensors[tensor.slot] = tensor.swapped ? swapped_state(tensor) : *tensor.holder;
   }
   const auto& options = optimizer_->param_groups()[unit.group].options();
-  const detail::AdamHyperParams hyper = detail::adam_hyper_params(options, family_ != Family::kAdam, fused_on_host_);
+  const detail::AdamHyperParams hyper =
+      detail::adam_hyper_params(options, family_ != Family::kAdam, fused_on_host_ || on_host);
   env_->before_update(unit.index);
   // The record moves with the count, so that after a failed step it still matches every
   // parameter, updated or not; its entry is made before the update writes.
   int64_t& recorded_step = recorded_steps_[unit.param.unsafeGetTensorImpl()];
   const int64_t step = *unit.state.step + 1;
-  const at::Tensor& grad = unit.param.grad();
   if (family_ == Family::kMasterAdamW) {
-    detail::master_adamw_update(unit.param, grad, tensors[detail::kMasterParamSlot], tensors[detail::kExpAvgSlot],
+    detail::master_adamw_update(param, grad, tensors[detail::kMasterParamSlot], tensors[detail::kExpAvgSlot],
                                 tensors[detail::kExpAvgSqSlot], tensors[detail::kMaxExpAvgSqSlot], step, hyper);
   } else {
-    detail::adam_update(unit.param, grad, tensors[detail::kExpAvgSlot], tensors[detail::kExpAvgSqSlot],
+    detail::adam_update(param, grad, tensors[detail::kExpAvgSlot], tensors[detail::kExpAvgSqSlot],
                         tensors[detail::kMaxExpAvgSqSlot], step, hyper);
   }
   *unit.state.step = step;

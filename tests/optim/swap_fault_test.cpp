@@ -10,6 +10,7 @@
 #include "optim/fault_injection_swap_env.h"
 #include "optim/swap_test_util.h"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 
 #include <algorithm>

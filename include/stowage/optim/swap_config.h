@@ -67,6 +67,17 @@ struct SwapOptimizerConfig {
   // optimizer. Null: the real calls.
   TORCH_ARG(SwapEnvPointer, env) = nullptr;
 
+  // Update on the host (ZeRO-Offload): the states of the parameters chosen by
+  // offload_fraction stay in host memory for good and are updated there, by FusedAdamW's
+  // pass; each step their gradients come down and the updated parameters go back up, and
+  // the host keeps a copy of each such parameter (its fp32 master, or for fp32 parameters
+  // the parameter itself). Every state is then swapped (state_keys empty; master_param
+  // too, where the optimizer keeps one); not with swap_dir. docs/swap.md.
+  TORCH_ARG(bool, update_on_host) = false;
+  // With update_on_host: the share of the parameters' bytes updated on the host, in [0, 1],
+  // the first parameters in group order; the others go through the swap's batches.
+  TORCH_ARG(double, offload_fraction) = 1.0;
+
  public:
   // Throws stowage::InvalidArgument naming the offending option.
   void validate() const;
@@ -74,6 +85,9 @@ struct SwapOptimizerConfig {
   // master_param).
   std::vector<std::string> swapped_keys() const;
   bool disk_tier() const { return !swap_dir_.empty(); }
+
+ private:
+  void validate_update_on_host() const;
 };
 
 }  // namespace stowage::optim
