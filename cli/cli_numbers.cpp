@@ -39,27 +39,47 @@ std::string integer_problem(const std::string& input, long long min, unsigned lo
   return {};
 }
 
-std::string positive_number_problem(const std::string& input) {
+namespace {
+
+// "" with `value` set when `input` is a finite number (strtod's syntax), else what is
+// wrong with it.
+std::string finite_number_problem(const std::string& input, double& value) {
   char* end = nullptr;
   // strtod skips leading white space, which CLI11 would not pass on to the option.
-  const double value =
-      input.empty() || std::isspace(static_cast<unsigned char>(input[0])) ? 0.0 : std::strtod(input.c_str(), &end);
+  value = input.empty() || std::isspace(static_cast<unsigned char>(input[0])) ? 0.0 : std::strtod(input.c_str(), &end);
   if (end == nullptr || end != input.c_str() + input.size()) {
     return fmt::format("{} is not a number", input);
   }
   if (!std::isfinite(value)) {
     return fmt::format("{} is not a finite number", input);
   }
-  if (value <= 0) {
-    return fmt::format("{} is not positive", input);
-  }
   return {};
+}
+
+}  // namespace
+
+std::string positive_number_problem(const std::string& input) {
+  double value = 0;
+  std::string problem = finite_number_problem(input, value);
+  if (problem.empty() && value <= 0) problem = fmt::format("{} is not positive", input);
+  return problem;
+}
+
+std::string fraction_problem(const std::string& input) {
+  double value = 0;
+  std::string problem = finite_number_problem(input, value);
+  if (problem.empty() && (value < 0 || value > 1)) problem = fmt::format("{} is not in [0, 1]", input);
+  return problem;
 }
 
 }  // namespace detail
 
 CLI::Validator positive_number() {
   return CLI::Validator(detail::positive_number_problem, "POSITIVE");
+}
+
+CLI::Validator fraction() {
+  return CLI::Validator(detail::fraction_problem, "[0 - 1]");
 }
 
 namespace {

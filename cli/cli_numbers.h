@@ -22,6 +22,8 @@ std::string integer_problem(const std::string& input, long long min, unsigned lo
 // "" when `input` is a finite number (strtod's syntax) greater than 0, else what is
 // wrong with it.
 std::string positive_number_problem(const std::string& input);
+// "" when `input` is a finite number in [0, 1], else what is wrong with it.
+std::string fraction_problem(const std::string& input);
 }  // namespace detail
 
 // A decimal integer in [min, max] that fits the option's type T.
@@ -53,6 +55,8 @@ CLI::Validator non_negative_integer() {
 
 // A finite floating-point number > 0.
 CLI::Validator positive_number();
+// A finite number in [0, 1].
+CLI::Validator fraction();
 
 // A positive number of bytes as Hugging Face writes shard sizes: "5GB" (decimal units
 // KB, MB, GB, TB), "512MiB" (binary units KiB, MiB, GiB, TiB), units in any case, or a

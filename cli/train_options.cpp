@@ -73,6 +73,14 @@ const std::vector<TrainFlag>& train_flags() {
        "with --swap-to disk:DIR: host memory for the disk tier's buffers, e.g. 256MiB (default: four buffers of one "
        "batch)",
        byte_size()},
+      {"--optimizer-update", &TrainOptions::optimizer_update,
+       "where AdamW's update runs: device (its states brought up by the swap, or resident), or host (ZeRO-Offload: "
+       "the states stay in host memory, the gradients come down and the parameters go back up)",
+       CLI::IsMember({"device", "host"})},
+      {"--offload-fraction", &TrainOptions::offload_fraction,
+       "with --optimizer-update host: the share of the parameters' bytes updated on the host, the first parameters "
+       "first; the rest go through the swap's --swap-times batches",
+       fraction()},
       {"--ckpt-every", &TrainOptions::ckpt_every, "asynchronous checkpoint every K steps (0: none)",
        non_negative_integer<int64_t>()},
       {"--keep", &TrainOptions::keep, "committed checkpoints to keep", positive_integer<int64_t>()},
@@ -137,8 +145,8 @@ const std::vector<TrainFlag>& train_flags() {
        duration()},
       {"--allow-config-change",
        &TrainOptions::allow_config_change,
-       "--resume a run with another --corpus, --batch, --seq-len, --layers, --width, --heads or --seed than it was "
-       "started with (refused otherwise)",
+       "--resume a run with another --corpus, --batch, --seq-len, --layers, --width, --heads, --seed, "
+       "--optimizer-update or --offload-fraction than it was started with (refused otherwise)",
        {},
        true},
   };

@@ -31,14 +31,16 @@ struct TrainOptions {
   double lr = 3e-3;
   uint64_t seed = 0;
   int threads = 2;
-  int64_t recompute_segments = 2;          // 0: no activation checkpointing
-  std::string selective_recompute;         // "attention-core" or "mlp": checkpoint only that part of each block
-  bool offload_checkpoint_inputs = false;  // keep the checkpoints' inputs in host memory until backward
-  std::string activation_budget;           // a step's activation peak ("24MiB"): the plan is picked for it
-  int64_t swap_times = 4;                  // 0: plain AdamW, no optimizer-state swap
-  std::string swap_to = "host";            // where swapped states live: "host" or "disk:DIR"
-  std::string swap_host_budget;            // disk tier: host memory for its buffers ("256MiB"); empty: no bound
-  int64_t ckpt_every = 50;                 // 0: no checkpoints
+  int64_t recompute_segments = 2;           // 0: no activation checkpointing
+  std::string selective_recompute;          // "attention-core" or "mlp": checkpoint only that part of each block
+  bool offload_checkpoint_inputs = false;   // keep the checkpoints' inputs in host memory until backward
+  std::string activation_budget;            // a step's activation peak ("24MiB"): the plan is picked for it
+  int64_t swap_times = 4;                   // 0: plain AdamW, no optimizer-state swap
+  std::string swap_to = "host";             // where swapped states live: "host" or "disk:DIR"
+  std::string swap_host_budget;             // disk tier: host memory for its buffers ("256MiB"); empty: no bound
+  std::string optimizer_update = "device";  // "host": the update runs on the host (ZeRO-Offload)
+  double offload_fraction = 1.0;            // with "host": the share of the parameters' bytes updated there
+  int64_t ckpt_every = 50;                  // 0: no checkpoints
   int64_t keep = 3;
   int64_t memory_ckpt_every = 0;  // 0: no memory tier
   std::string memory_ckpt_dir;    // empty: train::default_memory_directory(run_dir)

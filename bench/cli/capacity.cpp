@@ -2,7 +2,7 @@
 // (stowage/sim/sim.h) of a fixed capacity, the largest model of `stowage train`'s family
 // (its number of blocks, found by search) whose plain training fits (AdamW, no activation
 // checkpointing), against the largest that trains with stowage (each block checkpointed,
-// AdamW's state swapped to host memory or to disk). Each size is actually trained, for a
+// AdamW's state swapped to host memory or to disk, or updated on the host). Each size is actually trained, for a
 // few steps, by the real command in a child process: a size fits when the run finishes,
 // and does not when it exits with the status of a device out of memory. The simulator's time
 // is no device's time: only sizes are reported.
@@ -49,7 +49,7 @@ struct CapacityBenchOptions {
   bool json = false;
 };
 
-enum class Mode { kPlain, kStowageHost, kStowageDisk };
+enum class Mode { kPlain, kStowageHost, kStowageDisk, kStowageHostUpdate };
 
 const char* mode_key(Mode mode) {
   switch (mode) {
@@ -59,6 +59,8 @@ const char* mode_key(Mode mode) {
       return "stowage_host";
     case Mode::kStowageDisk:
       return "stowage_disk";
+    case Mode::kStowageHostUpdate:
+      return "stowage_host_update";
   }
   return "";
 }
@@ -79,7 +81,8 @@ bool trains(const CapacityBenchOptions& o, Mode mode, int64_t layers, const std:
     train.recompute_segments = 0;
   } else {
     train.recompute_segments = layers;
-    train.swap_to = mode == Mode::kStowageHost ? "host" : "disk:" + scratch.sub("swap");
+    train.swap_to = mode == Mode::kStowageDisk ? "disk:" + scratch.sub("swap") : "host";
+    if (mode == Mode::kStowageHostUpdate) train.optimizer_update = "host";
     std::filesystem::create_directories(scratch.sub("swap"));
   }
   // In bytes: --capacity takes every size the tool's byte_size() reads ("1GB" too), the
@@ -133,13 +136,13 @@ nlohmann::json run_capacity_bench(const CapacityBenchOptions& o) {
   out["capacities"] = nlohmann::json::array();
   for (const std::string& capacity : o.capacities) {
     nlohmann::json row{{"capacity", capacity}};
-    for (const Mode mode : {Mode::kPlain, Mode::kStowageHost, Mode::kStowageDisk}) {
+    for (const Mode mode : {Mode::kPlain, Mode::kStowageHost, Mode::kStowageDisk, Mode::kStowageHostUpdate}) {
       const int64_t layers = largest_trainable(o, mode, capacity, scratch);
       row[std::string(mode_key(mode)) + "_layers"] = layers;
       row[std::string(mode_key(mode)) + "_parameters"] = parameter_count(o, layers);
     }
     const double plain = row["plain_parameters"].get<double>();
-    for (const char* side : {"stowage_host", "stowage_disk"}) {
+    for (const char* side : {"stowage_host", "stowage_disk", "stowage_host_update"}) {
       const double ratio = plain > 0 ? row[std::string(side) + "_parameters"].get<double>() / plain : 0;
       row[std::string(side) + "_over_plain"] = ratio;
       row[std::string(side) + "_over_plain_met"] = ratio >= 3;
@@ -164,7 +167,8 @@ std::string capacity_bench_text(const nlohmann::json& r) {
     out += line("plain AdamW, no checkpointing", "plain");
     out += line("stowage: checkpointing + swap to host", "stowage_host");
     out += line("stowage: checkpointing + swap to disk", "stowage_disk");
-    for (const char* side : {"stowage_host", "stowage_disk"}) {
+    out += line("stowage: checkpointing + update on host", "stowage_host_update");
+    for (const char* side : {"stowage_host", "stowage_disk", "stowage_host_update"}) {
       out += fmt::format("    target {} / plain >= 3: {:.2f} x, {}\n", side,
                          row[std::string(side) + "_over_plain"].get<double>(),
                          row[std::string(side) + "_over_plain_met"].get<bool>() ? "met" : "NOT met");

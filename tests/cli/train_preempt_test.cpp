@@ -165,23 +165,54 @@ void sigterm_after_step_three(BackgroundTrain& run, const RunDir& dir, const std
   ASSERT_TRUE(signal_descendant(pid, SIGTERM)) << run.output();
 }
 
-// A save is in flight at every step (--ckpt-every 1): the signal lands during one.
-TEST(TrainPreempt, SigtermDuringASaveSavesTheStepTheRunIsOnAndResumeEndsBitIdentical) {
+// A run of `args` (ending at step `steps`) SIGTERMed after step 3, its process then being
+// `signalled(dir)`: it saves the step it is on, and resumed ends bit-identical to the
+// run never stopped.
+void expect_preempted_run_resumes_bit_identical(
+    const std::string& args, int steps, const std::function<pid_t(const RunDir&, BackgroundTrain&)>& signalled) {
   RunDir straight, preempted;
-  const std::string args = "--steps 40 --ckpt-every 1";
   ASSERT_EQ(train(straight, args).status, 0);
   BackgroundTrain run(preempted, args);
-  ASSERT_NO_FATAL_FAILURE(sigterm_after_step_three(run, preempted, [&] { return run.pid(); }));
+  ASSERT_NO_FATAL_FAILURE(sigterm_after_step_three(run, preempted, [&] { return signalled(preempted, run); }));
   ASSERT_EQ(run.finish(), kPreemptedStatus) << run.output();
   const int step = preempted_step(run.output());
   ASSERT_GE(step, 3) << run.output();
-  ASSERT_LT(step, 40) << "the run ended before the signal: " << run.output();
+  ASSERT_LT(step, steps) << "the run ended before the signal: " << run.output();
   EXPECT_TRUE(fs::exists(fs::path(step_dir(preempted, step)) / ".metadata.json"));
   expect_every_committed_checkpoint_verifies(preempted);
   const auto resumed = train(preempted, args + " --resume");
   ASSERT_EQ(resumed.status, 0) << resumed.output;
   EXPECT_NE(resumed.output.find(fmt::format("(step {})", step)), std::string::npos) << resumed.output;
-  expect_same_checkpoint(step_dir(straight, 40), step_dir(preempted, 40));
+  expect_same_checkpoint(step_dir(straight, steps), step_dir(preempted, steps));
+}
+
+pid_t the_launcher(const RunDir&, BackgroundTrain& run) {
+  return run.pid();
+}
+
+pid_t rank_one(const RunDir& dir, BackgroundTrain&) {
+  return rank_pid(dir, 1);
+}
+
+// A save is in flight at every step (--ckpt-every 1): the signal lands during one.
+TEST(TrainPreempt, SigtermDuringASaveSavesTheStepTheRunIsOnAndResumeEndsBitIdentical) {
+  expect_preempted_run_resumes_bit_identical("--steps 40 --ckpt-every 1", 40, the_launcher);
+}
+
+// The optimizer's update on the host (its states in host memory), all of it or half the
+// parameters' bytes, on one rank or each rank its shard.
+TEST(TrainPreempt, UpdateOnTheHostResumesBitIdentical) {
+  expect_preempted_run_resumes_bit_identical("--steps 30 --ckpt-every 1 --optimizer-update host", 30, the_launcher);
+}
+
+TEST(TrainPreempt, HalfTheUpdateOnTheHostResumesBitIdentical) {
+  expect_preempted_run_resumes_bit_identical("--steps 30 --ckpt-every 1 --optimizer-update host --offload-fraction 0.5",
+                                             30, the_launcher);
+}
+
+TEST(TrainPreempt, UpdateOnTheHostOnTwoRanksResumesBitIdentical) {
+  expect_preempted_run_resumes_bit_identical("--nproc 2 --steps 30 --ckpt-every 10 --optimizer-update host", 30,
+                                             rank_one);
 }
 
 // Only rank 1 is signalled; the ranks agree at the next step boundary and both save it.

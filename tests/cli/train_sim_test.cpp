@@ -138,6 +138,7 @@ TEST(BenchCapacity, FindsTheLargestModelOfEachWay) {
   EXPECT_LT(row["plain_layers"].get<int64_t>(), 4) << row.dump();
   EXPECT_EQ(row["stowage_host_layers"], 4) << row.dump();
   EXPECT_EQ(row["stowage_disk_layers"], 4) << row.dump();
+  EXPECT_EQ(row["stowage_host_update_layers"], 4) << row.dump();
   EXPECT_DOUBLE_EQ(row["stowage_host_over_plain"].get<double>(),
                    row["stowage_host_parameters"].get<double>() / row["plain_parameters"].get<double>());
 }

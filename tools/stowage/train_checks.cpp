@@ -20,6 +20,33 @@ std::string swap_dir(const TrainOptions& options) {
   throw InvalidArgument(fmt::format("--swap-to '{}': expected 'host' or 'disk:DIR'", options.swap_to));
 }
 
+namespace {
+
+void check_optimizer_update(const TrainOptions& options, const std::string& swap_dir) {
+  const auto refuse = [](const std::string& text) { throw InvalidArgument(text); };
+  if (options.optimizer_update != "host") {
+    if (options.offload_fraction != 1) {
+      refuse(
+          fmt::format("--offload-fraction {} splits the update between device and host: it needs "
+                      "--optimizer-update host",
+                      options.offload_fraction));
+    }
+    return;
+  }
+  if (!swap_dir.empty()) {
+    refuse("--optimizer-update host keeps the optimizer's states in host memory: not with --swap-to " +
+           options.swap_to);
+  }
+  if (options.offload_fraction < 1 && options.swap_times == 0) {
+    refuse(
+        fmt::format("--offload-fraction {} leaves part of the update on the device, which goes through the "
+                    "swap: pass --swap-times N > 0 with it",
+                    options.offload_fraction));
+  }
+}
+
+}  // namespace
+
 void check_train_options(const TrainOptions& options, int64_t world_size) {
   const auto refuse = [](const std::string& text) { throw InvalidArgument(text); };
   if (options.batch % world_size != 0) {
@@ -57,6 +84,7 @@ void check_train_options(const TrainOptions& options, int64_t world_size) {
   if (!dir.empty() && (!fs::is_directory(dir) || access(dir.c_str(), W_OK | X_OK) != 0)) {
     refuse(fmt::format("--swap-to {}: '{}' is not a directory this process can write to", options.swap_to, dir));
   }
+  check_optimizer_update(options, dir);
   if (!fs::exists(options.corpus)) refuse(fmt::format("--corpus {}: no such file or directory", options.corpus));
   if (!options.resume_from.empty() && !fs::exists(options.resume_from)) {
     refuse(fmt::format("--resume-from {}: no such checkpoint", options.resume_from));

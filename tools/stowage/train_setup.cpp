@@ -65,7 +65,9 @@ train::RunConfig run_config(const TrainOptions& options) {
           {"--layers", std::to_string(options.layers)},
           {"--width", std::to_string(options.width)},
           {"--heads", std::to_string(options.heads)},
-          {"--seed", std::to_string(options.seed)}};
+          {"--seed", std::to_string(options.seed)},
+          {"--optimizer-update", options.optimizer_update},
+          {"--offload-fraction", fmt::format("{}", options.offload_fraction)}};
 }
 
 LanguageModel make_model(const TrainOptions& options) {
@@ -113,9 +115,15 @@ std::string describe_run(const TrainOptions& options, LanguageModel& model, cons
   int64_t parameters = 0;
   for (const auto& p : model->parameters()) parameters += p.numel();
   optim::ZeroRedundancyOptimizer& optimizer = trainer.optimizer();
-  const std::string optimizer_text =
-      optimizer.swap() ? fmt::format("AdamW with state swap ({} batches, to {})", options.swap_times, options.swap_to)
-                       : "plain AdamW";
+  std::string optimizer_text = options.swap_times > 0 ? fmt::format("AdamW with state swap ({} batches, to {})",
+                                                                    options.swap_times, options.swap_to)
+                                                      : "plain AdamW";
+  if (options.optimizer_update == "host") {
+    optimizer_text = options.offload_fraction == 1
+                         ? "AdamW updated on the host"
+                         : fmt::format("AdamW updated on the host for {} of the parameters' bytes, the rest {}",
+                                       options.offload_fraction, optimizer_text);
+  }
   const dist::World& world = trainer.world();
   const c10::Device device = trainer.device();
   return fmt::format(
