@@ -88,24 +88,32 @@ const char* restore_tier_name(RestoreTier tier) {
   return "?";
 }
 
-std::vector<int64_t> committed_steps(const std::string& directory, Env& env) {
+std::vector<int64_t> committed_stowage_steps(const std::vector<ManagedCheckpoint>& checkpoints) {
   std::vector<int64_t> steps;
-  for (const ManagedCheckpoint& checkpoint : list_checkpoints(directory, env)) {
+  for (const ManagedCheckpoint& checkpoint : checkpoints) {
     if (checkpoint.committed && checkpoint.format == CheckpointFormat::kStowage) steps.push_back(checkpoint.step);
   }
   return steps;
 }
 
+std::string MemoryTier::Rep::node_directory() const {
+  return (fs::path(options.directory()) / fmt::format("node-{}", layout.node)).string();
+}
+
 std::string MemoryTier::Rep::own_directory() const {
-  return (fs::path(options.directory()) / fmt::format("node-{}", layout.node) /
-          fmt::format("rank-{}-of-{}", rank, world_size))
-      .string();
+  return (fs::path(node_directory()) / fmt::format("rank-{}-of-{}", rank, world_size)).string();
 }
 
 std::string MemoryTier::Rep::replica_directory(int64_t source) const {
-  return (fs::path(options.directory()) / fmt::format("node-{}", layout.node) /
-          fmt::format("replica-of-rank-{}-of-{}", source, world_size))
-      .string();
+  return (fs::path(node_directory()) / fmt::format("replica-of-rank-{}-of-{}", source, world_size)).string();
+}
+
+std::string MemoryTier::Rep::own_path(int64_t step) const {
+  return (fs::path(own_directory()) / step_directory_name(step)).string();
+}
+
+std::string MemoryTier::Rep::replica_path(int64_t source, int64_t step) const {
+  return (fs::path(replica_directory(source)) / step_directory_name(step)).string();
 }
 
 std::optional<int64_t> MemoryTier::Rep::peer_of(int64_t of) const {
@@ -157,16 +165,16 @@ MemoryTier::MemoryTier(MemoryTierOptions options, NodeLayout layout, std::option
 MemoryTier::~MemoryTier() = default;
 
 std::string MemoryTier::node_directory() const {
-  return (fs::path(rep_->options.directory()) / fmt::format("node-{}", rep_->layout.node)).string();
+  return rep_->node_directory();
 }
 
 std::string MemoryTier::own_path(int64_t step) const {
-  return (fs::path(rep_->own_directory()) / step_directory_name(step)).string();
+  return rep_->own_path(step);
 }
 
 std::string MemoryTier::replica_path(int64_t step) const {
   TORCH_CHECK(source(), "MemoryTier::replica_path: one node holds no replicas");
-  return (fs::path(rep_->replica_directory(*source())) / step_directory_name(step)).string();
+  return rep_->replica_path(*source(), step);
 }
 
 std::optional<int64_t> MemoryTier::peer() const {

@@ -3,6 +3,7 @@
 // The state a MemoryTier keeps (memory_tier.cpp: saving; memory_tier_restore.cpp:
 // recovery), and the directory listing both use.
 
+#include <stowage/dcp/checkpoint_directory.h>
 #include <stowage/dcp/memory_tier.h>
 
 #include <cstdint>
@@ -27,10 +28,15 @@ struct MemoryTier::Rep {
   int64_t world_size = 1;
 
   Env& env() const { return *options.env(); }
-  // <directory>/node-<N>/rank-<R>-of-<W>: this rank's own checkpoints.
+  // <directory>/node-<N>.
+  std::string node_directory() const;
+  // <node directory>/rank-<R>-of-<W>: this rank's own checkpoints.
   std::string own_directory() const;
-  // <directory>/node-<N>/replica-of-rank-<Q>-of-<W>: the replicas of `source` it holds.
+  // <node directory>/replica-of-rank-<Q>-of-<W>: the replicas of `source` it holds.
   std::string replica_directory(int64_t source) const;
+  // The checkpoints of `step` in those two.
+  std::string own_path(int64_t step) const;
+  std::string replica_path(int64_t source, int64_t step) const;
   // The ranks a rank's replica goes to and comes from: ±ranks_per_node, modulo W.
   std::optional<int64_t> peer_of(int64_t rank) const;
   std::optional<int64_t> source_of(int64_t rank) const;
@@ -53,7 +59,8 @@ struct MemoryTier::Rep {
                         const LoadOptions& load_options, TierRestore& result) const;
 };
 
-// The committed steps of a directory of step-<N> checkpoints, oldest first.
-std::vector<int64_t> committed_steps(const std::string& directory, Env& env);
+// The steps of the committed checkpoints of stowage's format among `checkpoints`, in
+// their order (list_checkpoints: oldest first).
+std::vector<int64_t> committed_stowage_steps(const std::vector<ManagedCheckpoint>& checkpoints);
 
 }  // namespace stowage::dcp

@@ -48,7 +48,7 @@ RankListing decode(const std::string& text) {
 // is added to `skipped`, never listed.
 std::vector<int64_t> verified_steps(const std::string& directory, Env& env, std::vector<std::string>& skipped) {
   std::vector<int64_t> steps;
-  for (const int64_t step : committed_steps(directory, env)) {
+  for (const int64_t step : committed_stowage_steps(list_checkpoints(directory, env))) {
     const std::string path = (fs::path(directory) / step_directory_name(step)).string();
     std::string error;
     try {
@@ -88,7 +88,7 @@ std::optional<int64_t> MemoryTier::Rep::newest_common_step(const std::vector<Ran
 
 bool MemoryTier::Rep::load_from_memory(int64_t step, const std::vector<RankListing>& listings, StateDict& state,
                                        const LoadOptions& load_options, TierRestore& result) const {
-  const std::string own_path = (fs::path(own_directory()) / step_directory_name(step)).string();
+  const std::string own = own_path(step);
   std::string error;
   for (int64_t of = 0; of < world_size; ++of) {
     if (listings[static_cast<size_t>(of)].own.count(step) > 0) continue;
@@ -96,9 +96,8 @@ bool MemoryTier::Rep::load_from_memory(int64_t step, const std::vector<RankListi
     const int64_t holder = *peer_of(of);  // newest_common_step saw the replica there
     std::string bundle;
     if (rank == holder) {
-      const std::string replica = (fs::path(replica_directory(of)) / step_directory_name(step)).string();
       try {
-        bundle = pack_checkpoint(replica, env());
+        bundle = pack_checkpoint(replica_path(of, step), env());
       } catch (const std::exception& failure) {
         error = exception_message(failure);  // the fetching rank sees an empty bundle
       }
@@ -106,14 +105,14 @@ bool MemoryTier::Rep::load_from_memory(int64_t step, const std::vector<RankListi
     bundle = send_to(holder, of, bundle);
     if (rank != of) continue;
     try {
-      unpack_checkpoint(bundle, own_path, env());
+      unpack_checkpoint(bundle, own, env());
     } catch (const std::exception& failure) {
       error = fmt::format("fetching its replica from rank {}: {}", holder, exception_message(failure));
     }
   }
   if (error.empty()) {
     try {
-      FileSystemReader reader(own_path, options.env());
+      FileSystemReader reader(own, options.env());
       load(state, reader, load_options);
     } catch (const std::exception& failure) {
       error = exception_message(failure);
@@ -146,11 +145,8 @@ TierRestore MemoryTier::restore(StateDict& state, CheckpointManager& storage, Lo
   const std::optional<int64_t> step = r.newest_common_step(listings);
   std::string stored_text;  // the storage's newest checkpoint of stowage's format, as rank 0 sees it
   if (r.rank == 0) {
-    for (const ManagedCheckpoint& checkpoint : storage.list()) {
-      if (checkpoint.committed && checkpoint.format == CheckpointFormat::kStowage) {
-        stored_text = std::to_string(checkpoint.step);
-      }
-    }
+    const std::vector<int64_t> stored = committed_stowage_steps(storage.list());
+    if (!stored.empty()) stored_text = std::to_string(stored.back());
   }
   if (r.group) stored_text = r.group->broadcast(stored_text, 0);
   const std::optional<int64_t> newest_stored =
