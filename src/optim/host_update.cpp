@@ -107,7 +107,7 @@ void HostUpdate::upload_ahead(memory::CopyEngine& engine, const std::vector<Unit
   for (const Unit& unit : units) {
     const auto found = mirrors_.find(unit.param.unsafeGetTensorImpl());
     if (found == mirrors_.end() || !found->second.ahead) continue;
-    found->second = Mirror{found->second.param, found->second.grad, unit.param._version(), unit.param.data_ptr()};
+    found->second.matches(unit.param);
   }
 }
 
@@ -140,10 +140,7 @@ void HostUpdate::run_on_device(memory::CopyEngine& engine, std::vector<Unit>& un
   // uploads leave.
   engine.synchronize(engine.record(CopyLane::kHostToDevice));
   for (size_t u = 0; u < units.size(); ++u) {
-    if (mirrors[u] == nullptr) continue;
-    mirrors[u]->ahead = false;
-    mirrors[u]->version = units[u].param._version();
-    mirrors[u]->data = units[u].param.data_ptr();
+    if (mirrors[u] != nullptr) mirrors[u]->matches(units[u].param);
   }
 }
 

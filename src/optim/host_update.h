@@ -54,6 +54,13 @@ class HostUpdate {
     int64_t version = -1;
     const void* data = nullptr;
     bool ahead = false;  // updated here but not yet uploaded
+
+    // `param` (the device parameter) now holds what this mirror holds.
+    void matches(const at::Tensor& device_param) {
+      version = device_param._version();
+      data = device_param.data_ptr();
+      ahead = false;
+    }
   };
 
   Mirror& mirror_of(memory::CopyEngine& engine, const Unit& unit);
