@@ -2,6 +2,7 @@
 // over it, from explicit values or from the environment torchrun and `stowage launch` set.
 #include "dist/process_group_impl.h"
 
+#include <stowage/dist/world.h>
 #include <stowage/error.h>
 
 #include "util/exception_message.h"
@@ -11,7 +12,6 @@
 
 #include <fmt/format.h>
 
-#include <cerrno>
 #include <cstdlib>
 #include <limits>
 #include <utility>
@@ -37,22 +37,17 @@ c10::intrusive_ptr<CollectiveBackend> make_gloo(const c10::intrusive_ptr<c10d::S
 
 namespace {
 
-int64_t env_int(const char* name) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') {
-    throw InvalidArgument(
-        fmt::format("init_process_group_from_env: environment variable {} is not set "
-                    "(run under torchrun or `stowage launch`)",
-                    name));
+// The launcher's variable `name`, which must be set.
+int64_t required_launcher_count(const char* name) {
+  try {
+    if (const std::optional<int64_t> value = launcher_count(name)) return *value;
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("init_process_group_from_env: environment variable {}", e.what()));
   }
-  char* end = nullptr;
-  errno = 0;
-  const long long parsed = std::strtoll(value, &end, 10);
-  if (errno != 0 || end == value || *end != '\0' || parsed < 0) {
-    throw InvalidArgument(fmt::format(
-        "init_process_group_from_env: environment variable {}='{}' is not a non-negative integer", name, value));
-  }
-  return parsed;
+  throw InvalidArgument(
+      fmt::format("init_process_group_from_env: environment variable {} is not set (run under torchrun or "
+                  "`stowage launch`)",
+                  name));
 }
 
 // Gloo and the TCPStore write to their sockets without MSG_NOSIGNAL: once a peer has
@@ -135,15 +130,17 @@ ProcessGroup init_process_group_from_env(ProcessGroupOptions options) {
         "init_process_group_from_env: environment variable MASTER_ADDR is not set (run under torchrun or "
         "`stowage launch`)");
   }
-  const int64_t port = env_int("MASTER_PORT");
+  const int64_t port = required_launcher_count("MASTER_PORT");
   if (port > std::numeric_limits<uint16_t>::max()) {
     throw InvalidArgument(fmt::format("init_process_group_from_env: MASTER_PORT={} is not a TCP port", port));
   }
   // torchrun's agent may host the store itself and say so; rank 0 then joins it.
   const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
   const bool agent_hosts_store = agent_store != nullptr && std::string(agent_store) == "True";
-  const std::string attempt = agent_hosts_store ? std::to_string(env_int("TORCHELASTIC_RESTART_COUNT")) : "";
-  return join_group(addr, static_cast<int>(port), env_int("RANK"), env_int("WORLD_SIZE"), attempt, options);
+  const std::string attempt =
+      agent_hosts_store ? std::to_string(required_launcher_count("TORCHELASTIC_RESTART_COUNT")) : "";
+  return join_group(addr, static_cast<int>(port), required_launcher_count("RANK"),
+                    required_launcher_count("WORLD_SIZE"), attempt, options);
 }
 
 }  // namespace stowage::dist

@@ -1,12 +1,23 @@
 #include <stowage/dist/world.h>
 #include <stowage/error.h>
 
+#include "util/decimal.h"
+
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 namespace stowage::dist {
+
+std::optional<int64_t> launcher_count(const char* name) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return std::nullopt;
+  const std::optional<int64_t> value = parse_decimal_digits(text);
+  if (!value) throw InvalidArgument(fmt::format("{}='{}' is not a non-negative integer", name, text));
+  return value;
+}
 
 World join_world(ProcessGroupOptions options) {
   World world;
@@ -20,14 +31,12 @@ World join_world(ProcessGroupOptions options) {
 
 c10::Device rank_device(c10::Device device) {
   if (device.is_cpu() || device.has_index()) return device;
-  const char* local_rank = std::getenv("LOCAL_RANK");
   // No launcher: a job of one process, on the first device.
-  if (local_rank == nullptr || *local_rank == '\0') return c10::Device(device.type(), 0);
-  const std::string text(local_rank);
-  if (text.find_first_not_of("0123456789") != std::string::npos || text.size() > 4) {
-    throw InvalidArgument(fmt::format("LOCAL_RANK '{}' is not a rank's place on its node", text));
+  const int64_t local_rank = launcher_count("LOCAL_RANK").value_or(0);
+  if (local_rank > std::numeric_limits<c10::DeviceIndex>::max()) {
+    throw InvalidArgument(fmt::format("LOCAL_RANK={} is beyond any device index", local_rank));
   }
-  return c10::Device(device.type(), static_cast<c10::DeviceIndex>(std::stoi(text)));
+  return c10::Device(device.type(), static_cast<c10::DeviceIndex>(local_rank));
 }
 
 }  // namespace stowage::dist

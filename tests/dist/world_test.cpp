@@ -5,6 +5,7 @@
 #include <stowage/dist/world.h>
 #include <stowage/error.h>
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -60,6 +61,32 @@ TEST(JoinWorld, ASeveralRankJobWithoutItsVariablesIsRefused) {
   EXPECT_THROW(join_world(), InvalidArgument);
 }
 
+// The one reading of the launcher's integers: unset or empty is nothing, digits are a
+// count, anything else names the variable and its value.
+TEST(LauncherCount, ReadsDigitsAndNamesAnythingElse) {
+  {
+    const ScopedEnv unset("GROUP_RANK", std::nullopt);
+    EXPECT_EQ(launcher_count("GROUP_RANK"), std::nullopt);
+  }
+  {
+    const ScopedEnv empty("GROUP_RANK", "");
+    EXPECT_EQ(launcher_count("GROUP_RANK"), std::nullopt);
+  }
+  {
+    const ScopedEnv set("GROUP_RANK", "12");
+    EXPECT_EQ(launcher_count("GROUP_RANK"), 12);
+  }
+  for (const char* bad : {"-1", " 2", "3 ", "1e3", "0x10", "99999999999999999999"}) {
+    const ScopedEnv set("GROUP_RANK", bad);
+    try {
+      launcher_count("GROUP_RANK");
+      ADD_FAILURE() << "took GROUP_RANK='" << bad << "'";
+    } catch (const InvalidArgument& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr(fmt::format("GROUP_RANK='{}' is not a non-negative integer", bad)));
+    }
+  }
+}
+
 TEST(RankDevice, AnAcceleratorWithoutAnIndexIsTheLocalRanks) {
   const ScopedEnv local_rank("LOCAL_RANK", "3");
   EXPECT_EQ(rank_device(c10::Device("cuda")), c10::Device("cuda:3"));
@@ -74,7 +101,7 @@ TEST(RankDevice, AnAcceleratorWithoutAnIndexIsTheLocalRanks) {
     rank_device(c10::Device("cuda"));
     ADD_FAILURE() << "took LOCAL_RANK x1";
   } catch (const InvalidArgument& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("LOCAL_RANK 'x1'"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("LOCAL_RANK='x1' is not a non-negative integer"));
   }
 }
 

@@ -22,6 +22,12 @@ struct World {
   int64_t size = 1;
 };
 
+// The launcher's variable `name` (RANK, LOCAL_RANK, GROUP_RANK, ...) as a non-negative
+// integer; nothing when it is unset or empty. Throws InvalidArgument naming the variable
+// and its value when that is not a non-negative decimal integer. The one reading of
+// the launcher's integers: the process group, the device and the memory tier's nodes.
+std::optional<int64_t> launcher_count(const char* name);
+
 // Joins the job the environment describes: a World of one, without a group, when
 // WORLD_SIZE is unset or 1; otherwise init_process_group_from_env(options), with its
 // errors (InvalidArgument naming a missing or malformed variable, Error for a failed
