@@ -1,5 +1,6 @@
 #include "dcp/checkpoint_bundle.h"
 
+#include <stowage/dcp/checkpoint_directory.h>
 #include <stowage/dcp/metadata.h>
 #include <stowage/error.h>
 
@@ -104,7 +105,7 @@ void unpack_checkpoint(const std::string& bundle, const std::string& path, Env& 
     throw CorruptionError(fmt::format("checkpoint bundle for {}: its last file is not {}", path, kMetadataFileName), "",
                           path);
   }
-  if (env.file_type(path) != FileType::kAbsent) env.remove_tree(path);
+  remove_checkpoint(path, env);
   env.create_directories(path);
   for (size_t i = 0; i + 1 < files.size(); ++i)
     write_file((fs::path(path) / files[i].first).string(), files[i].second, env);

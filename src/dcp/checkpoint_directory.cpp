@@ -61,6 +61,18 @@ std::optional<CheckpointFormat> committed_format(const std::string& path, Env& e
   return std::nullopt;
 }
 
+void remove_checkpoint(const std::string& path, Env& env) {
+  if (env.file_type(path) == FileType::kAbsent) return;
+  bool uncommitted = false;
+  for (const char* commit : {kMetadataFileName, kTorchDcpMetadataFileName}) {
+    if (env.file_type(join(path, commit)) == FileType::kAbsent) continue;
+    env.remove_file(join(path, commit));
+    uncommitted = true;
+  }
+  if (uncommitted) env.sync_directory(path);
+  env.remove_tree(path);
+}
+
 std::string step_directory_name(int64_t step) {
   return fmt::format("{}{:08d}", kStepPrefix, step);
 }

@@ -291,7 +291,7 @@ void CheckpointManager::prune() const {
     const bool stale_partial = !it->committed && newest && it->step < newest->step;
     const bool kept_for_good = options_.keep_every() > 0 && it->step % options_.keep_every() == 0;
     const bool beyond_keep = it->committed && ++committed_seen > options_.keep_last() && options_.keep_last() > 0;
-    if (stale_partial || (beyond_keep && !kept_for_good)) env().remove_tree(it->path);
+    if (stale_partial || (beyond_keep && !kept_for_good)) remove_checkpoint(it->path, env());
   }
 }
 

@@ -3,17 +3,16 @@
 #include <stowage/dcp/checkpoint.h>
 #include <stowage/dcp/checkpoint_directory.h>
 #include <stowage/dcp/filesystem.h>
+#include <stowage/dist/world.h>
 #include <stowage/error.h>
 
 #include "dcp/checkpoint_bundle.h"
 #include "dcp/memory_tier_rep.h"
-#include "util/decimal.h"
 #include "util/exception_message.h"
 
 #include <fmt/format.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <filesystem>
 #include <utility>
 
@@ -27,24 +26,13 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// The variable's value as a non-negative integer, or `fallback` when it is unset.
-int64_t environment_count(const char* name, int64_t fallback) {
-  const char* text = std::getenv(name);
-  if (text == nullptr) return fallback;
-  const std::optional<int64_t> value = parse_decimal_digits(text);
-  if (!value) {
-    throw InvalidArgument(fmt::format("{}='{}' is not a non-negative integer", name, text));
-  }
-  return *value;
-}
-
 // Removes all but the newest `keep` committed checkpoints of `directory`, and every
 // uncommitted one (a save that died: none is in flight here).
 void prune_directory(const std::string& directory, int64_t keep, Env& env) {
   int64_t committed_seen = 0;
   const std::vector<ManagedCheckpoint> all = list_checkpoints(directory, env);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    if (!it->committed || ++committed_seen > keep) env.remove_tree(it->path);
+    if (!it->committed || ++committed_seen > keep) remove_checkpoint(it->path, env);
   }
 }
 
@@ -52,8 +40,8 @@ void prune_directory(const std::string& directory, int64_t keep, Env& env) {
 
 NodeLayout node_layout_from_env(int64_t world_size) {
   NodeLayout layout;
-  layout.node = environment_count("GROUP_RANK", 0);
-  layout.ranks_per_node = environment_count("LOCAL_WORLD_SIZE", world_size);
+  layout.node = dist::launcher_count("GROUP_RANK").value_or(0);
+  layout.ranks_per_node = dist::launcher_count("LOCAL_WORLD_SIZE").value_or(world_size);
   if (layout.ranks_per_node == 0 || world_size % layout.ranks_per_node != 0) {
     throw InvalidArgument(
         fmt::format("LOCAL_WORLD_SIZE={} does not divide the job's {} ranks", layout.ranks_per_node, world_size));
@@ -198,7 +186,7 @@ MemorySaveReport MemoryTier::save(int64_t step, const StateDict& state) {
   const auto start = Clock::now();
   try {
     const std::string path = own_path(step);
-    if (r.env().file_type(path) != FileType::kAbsent) r.env().remove_tree(path);
+    remove_checkpoint(path, r.env());
     // Memory is not a disk: no fsync. The commit rule (metadata last) still holds.
     FileSystemWriter writer(path, FileSystemWriterOptions().env(r.options.env()).sync_files(false));
     dcp::save(state, writer);  // this rank's state alone, without the group
@@ -236,8 +224,12 @@ MemorySaveReport MemoryTier::save(int64_t step, const StateDict& state) {
 
 void MemoryTier::clear() {
   Rep& r = *rep_;
+  prune_directory(r.own_directory(), 0, r.env());
   r.env().remove_tree(r.own_directory());
-  if (source()) r.env().remove_tree(r.replica_directory(*source()));
+  if (source()) {
+    prune_directory(r.replica_directory(*source()), 0, r.env());
+    r.env().remove_tree(r.replica_directory(*source()));
+  }
 }
 
 }  // namespace stowage::dcp

@@ -2,18 +2,27 @@
 // generation until its parent kills it, and reports each commit on stdout.
 //
 //   crash_child DIR MODE SINGLE_FILE THREADS OVERWRITE START
+//   crash_child DIR memory START
 //
 // MODE is sync (save), async (async_save staged by the writer) or async_bg (async_save
 // staged on a DefaultStager's thread). With OVERWRITE 1 every generation replaces the
 // checkpoint in DIR; with 0 generation g goes to DIR/gen-<g> with overwrite off. It
 // prints "ready" once its state is built and "committed <g>" after each commit.
+//
+// With MODE memory it is one rank of the job the launcher's environment describes
+// (RANK, WORLD_SIZE, GROUP_RANK, LOCAL_WORLD_SIZE, ...) and saves step after step, from
+// START, into the memory tier under DIR (dcp/memory_tier.h), each save replicated to its
+// peer node; "committed <s>" follows a save of step s that reported no error.
 
 #include "reliability/generations.h"
 
 #include <stowage/dcp/dcp.h>
+#include <stowage/dcp/memory_tier.h>
+#include <stowage/dist/world.h>
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -28,9 +37,24 @@ void say(const std::string& line) {
   if (::write(STDOUT_FILENO, text.data(), text.size()) != static_cast<ssize_t>(text.size())) std::_Exit(3);
 }
 
-}  // namespace
+int save_into_memory_tier(const std::string& root, int64_t step) {
+  using namespace stowage;
+  const dist::World world = dist::join_world(dist::ProcessGroupOptions().timeout(std::chrono::seconds(30)));
+  dcp::MemoryTier tier(dcp::MemoryTierOptions(root).save_every(1), dcp::node_layout_from_env(world.size), world.group);
+  StateDict state = reliability::generation_state(reliability::memory_tier_generation(world.rank, step));
+  say("ready");
+  for (;; ++step) {
+    const dcp::MemorySaveReport report = tier.save(step, state);
+    if (!report.error.empty()) {
+      std::fprintf(stderr, "crash_child: %s\n", report.error.c_str());
+      return 1;
+    }
+    say(fmt::format("committed {}", step));
+    reliability::fill_generation(state, reliability::memory_tier_generation(world.rank, step + 1));
+  }
+}
 
-int main(int argc, char** argv) {
+int save_generations(int argc, char** argv) {
   using namespace stowage;
   if (argc != 7) {
     std::fprintf(stderr, "usage: crash_child DIR sync|async|async_bg SINGLE_FILE THREADS OVERWRITE START\n");
@@ -70,4 +94,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "crash_child: %s\n", e.what());
     return 1;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 4 && std::string(argv[2]) == "memory") {
+    try {
+      return save_into_memory_tier(argv[1], std::atoll(argv[3]));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "crash_child: %s\n", e.what());
+      return 1;
+    }
+  }
+  return save_generations(argc, argv);
 }

@@ -8,6 +8,7 @@
 #include "build_paths.h"
 #include "cli/child_signal.h"
 #include "dcp/test_util.h"
+#include "reliability/crash_child_process.h"
 #include "reliability/generations.h"
 #include "reliability/report.h"
 
@@ -22,20 +23,13 @@
 #include <set>
 #include <thread>
 
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
-#include <unistd.h>
-
-extern char** environ;
 
 namespace stowage::reliability {
 namespace {
 
 using dcp::testing::ScratchDir;
-using Clock = std::chrono::steady_clock;
 
 struct Config {
   std::string mode;  // sync, async, async_bg
@@ -59,70 +53,6 @@ std::vector<Config> all_configs() {
   }
   return configs;
 }
-
-// A running crash_child and the lines it printed.
-class Child {
- public:
-  explicit Child(const std::vector<std::string>& args) {
-    int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-    std::vector<char*> argv;
-    argv.reserve(args.size() + 1);
-    for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
-    argv.push_back(nullptr);
-    const int error = ::posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    ::close(fds[1]);
-    read_fd_ = fds[0];
-    if (error != 0) throw std::runtime_error(std::string("posix_spawn failed: ") + std::strerror(error));
-  }
-  ~Child() {
-    if (pid_ > 0) kill_and_reap();
-    ::close(read_fd_);
-  }
-
-  // The next line, or nullopt when `deadline` passes or the child closed its stdout.
-  std::optional<std::string> next_line(Clock::time_point deadline) {
-    for (;;) {
-      const size_t newline = buffer_.find('\n');
-      if (newline != std::string::npos) {
-        std::string line = buffer_.substr(0, newline);
-        buffer_.erase(0, newline + 1);
-        return line;
-      }
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-      if (left <= 0 || closed_) return std::nullopt;
-      pollfd p{read_fd_, POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left)) <= 0) continue;
-      char chunk[256];
-      const ssize_t n = ::read(read_fd_, chunk, sizeof chunk);
-      if (n <= 0) {
-        closed_ = true;
-      } else {
-        buffer_.append(chunk, static_cast<size_t>(n));
-      }
-    }
-  }
-
-  // SIGKILL, then wait for it; returns its wait status.
-  int kill_and_reap() {
-    if (pid_ <= 0) return 0;  // reaped already
-    EXPECT_TRUE(stowage::testing::signal_descendant(pid_, SIGKILL));
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return status;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int read_fd_ = -1;
-  std::string buffer_;
-  bool closed_ = false;
-};
 
 // Files of stowage's naming in `dir` that its committed metadata (if any) does not list.
 std::set<std::string> unreferenced_files(const std::string& dir) {
@@ -165,8 +95,8 @@ class Series {
 
   void run_trial(std::mt19937_64& random, double& mean_save_ms, Figures& figures) {
     const int64_t start = last_committed_ + 1;
-    Child child({test_paths::crash_child(), root_, config_.mode, config_.single_file ? "1" : "0",
-                 std::to_string(config_.threads), config_.overwrite ? "1" : "0", std::to_string(start)});
+    CrashChild child({test_paths::crash_child(), root_, config_.mode, config_.single_file ? "1" : "0",
+                      std::to_string(config_.threads), config_.overwrite ? "1" : "0", std::to_string(start)});
     const std::optional<std::string> ready = child.next_line(Clock::now() + std::chrono::seconds(120));
     ASSERT_EQ(ready.value_or("<nothing>"), "ready") << config_.name();
     const double delay_ms = std::uniform_real_distribution<double>(0.0, 3.0 * mean_save_ms)(random);

@@ -36,6 +36,12 @@ inline StateDict generation_state(int64_t generation) {
   return state;
 }
 
+// The generation rank `rank` of a job saves at `step` in the memory tier's trials: no two
+// ranks or steps share one, so a checkpoint restored into the wrong rank shows.
+inline int64_t memory_tier_generation(int64_t rank, int64_t step) {
+  return step * 16 + rank;
+}
+
 // Overwrites the tensors of `state` in place with `generation`'s content, and its values.
 inline void fill_generation(StateDict& state, int64_t generation) {
   const StateDict fresh = generation_state(generation);
