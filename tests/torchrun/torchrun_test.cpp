@@ -1,7 +1,7 @@
 // stowage under a real torchrun (PyTorch's elastic launcher, from the torch wheel of
 // scripts/python_env.sh): dcp save/load and `stowage train` with two ranks on one node,
 // two nodes (two torchrun agents meeting through the c10d rendezvous on loopback), and an
-// elastic restart after a rank is SIGKILLed. Skipped, with the reason, in a build that
+// elastic restart after a rank is SIGKILLed, and after a whole node is lost. Skipped, with the reason, in a build that
 // has no torchrun (Debian's LibTorch comes without one).
 #include "build_paths.h"
 #include "cli/child_signal.h"
@@ -11,7 +11,10 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -184,6 +187,75 @@ TEST(Torchrun, SigtermToTheAgentSavesTheStepAndResumeEndsBitIdentical) {
   EXPECT_NE(resumed.output.find(fmt::format("(step {})", step)), std::string::npos) << resumed.output;
   ASSERT_EQ(train(straight, fmt::format("--nproc 2 --steps {} --ckpt-every 10", kSteps)).status, 0);
   expect_same_checkpoint(step_dir(preempted, kSteps), step_dir(straight, kSteps));
+}
+
+// Whether something listens on the loopback `port` now.
+bool port_accepts(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool accepted = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return accepted;
+}
+
+// Issue 40 under the real torchrun: two agents, two "nodes" of two ranks, each node with
+// its own memory directory. Node 1 is lost (its agent and its ranks SIGKILLed, its memory
+// removed) once node 0 holds its replicas; node 0's agent restarts its ranks, a new agent
+// takes node 1's place, and the job resumes from node 0's replicas and ends bit-identical
+// to a run that never failed. TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with torchrun's shared
+// store (2.11's default) a node that joins a later round waits for a store address the
+// surviving agent never publishes again (docs/reliability.md).
+TEST(Torchrun, ALostNodeIsReplacedAndTheJobResumesFromItsPeersReplicasBitIdentical) {
+  SKIP_WITHOUT_TORCHRUN();
+  RunDir straight, failed, memory_0, memory_1;
+  constexpr int kSteps = 40;
+  const int rendezvous_port = free_port();
+  const std::string rendezvous = fmt::format(
+      "--nnodes 2 --nproc-per-node 2 --max-restarts 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{} "
+      "--rdzv-conf join_timeout=120 "
+      "--rdzv-id stowage-lost-node-{}",
+      rendezvous_port, getpid());
+  const auto node = [&](const RunDir& memory) {
+    return "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 " +
+           train_under_torchrun(rendezvous, failed,
+                                fmt::format("--steps {} --ckpt-every {} --memory-ckpt-every 2 --memory-ckpt-dir {} "
+                                            "--resume",
+                                            kSteps, kSteps, memory.str()));
+  };
+  // Node 0 first: its agent hosts the rendezvous, which must outlive node 1.
+  auto node_0 = std::async(std::launch::async, [&] { return run_command(node(memory_0)); });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+  while (!port_accepts(rendezvous_port) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  auto node_1 = std::async(std::launch::async, [&] { return run_command(node(memory_1)); });
+  const fs::path replica = fs::path(memory_0.str()) / "node-0/replica-of-rank-2-of-4/step-00000004/.metadata.json";
+  std::vector<pid_t> node_1_ranks;
+  while (std::chrono::steady_clock::now() < deadline &&
+         node_1.wait_for(std::chrono::milliseconds(5)) == std::future_status::timeout) {
+    node_1_ranks = train_workers(memory_1.str());
+    if (fs::exists(replica) && node_1_ranks.size() == 2) break;
+  }
+  ASSERT_EQ(node_1_ranks.size(), 2u) << "node 1 ended before it could be lost";
+  // The node is lost: its agent first, so that it restarts nothing, then its ranks.
+  ASSERT_TRUE(stowage::testing::signal_descendant(torchrun_agent(memory_1.str()), SIGKILL));
+  for (const pid_t rank : node_1_ranks) stowage::testing::signal_descendant(rank, SIGKILL);
+  EXPECT_NE(node_1.get().status, 0);
+  fs::remove_all(memory_1.str());
+  const auto replacement = run_command(node(memory_1));
+  const auto survivor = node_0.get();
+  ASSERT_EQ(survivor.status, 0) << survivor.output;
+  ASSERT_EQ(replacement.status, 0) << replacement.output;
+  const std::string output = survivor.output + replacement.output;
+  EXPECT_NE(output.find("resume: from peer replica (step "), std::string::npos) << output;
+  EXPECT_NE(output.find("ranks 2, 3 fetched theirs"), std::string::npos) << output;
+  ASSERT_EQ(
+      train(straight, fmt::format("--nproc 4 --nproc-per-node 2 --steps {} --ckpt-every {}", kSteps, kSteps)).status,
+      0);
+  expect_same_checkpoint(step_dir(straight, kSteps), step_dir(failed, kSteps));
 }
 
 }  // namespace
