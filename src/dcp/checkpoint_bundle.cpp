@@ -6,6 +6,9 @@
 
 #include <fmt/format.h>
 
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -17,27 +20,23 @@ namespace stowage::dcp {
 namespace {
 namespace fs = std::filesystem;
 
-void append_length(std::string& out, uint64_t length) {
-  char bytes[8];
-  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((length >> (8 * i)) & 0xff);
-  out.append(bytes, sizeof(bytes));
+// Writes `length` at `out` as 8 little-endian bytes; returns the byte after them.
+char* put_length(char* out, uint64_t length) {
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((length >> (8 * i)) & 0xff);
+  return out + 8;
 }
 
-void append_file(std::string& out, const std::string& name, const std::string& path, Env& env) {
-  const std::unique_ptr<ReadableFile> file = env.open_for_reading(path);
-  const int64_t size = file->size();
-  append_length(out, name.size());
-  out += name;
-  append_length(out, static_cast<uint64_t>(size));
-  const size_t start = out.size();
-  out.resize(start + static_cast<size_t>(size));
-  if (size > 0) file->read_at(&out[start], size, 0);
-}
+// A file to pack: its name in the bundle, and the file open for reading.
+struct PackedFile {
+  std::string name;
+  std::unique_ptr<ReadableFile> file;
+  int64_t size = 0;
+};
 
 // Reads a bundle front to back; every read checks that the bytes are there.
 class BundleCursor {
  public:
-  BundleCursor(const std::string& bundle, std::string path) : bundle_(bundle), path_(std::move(path)) {}
+  BundleCursor(std::string_view bundle, std::string path) : bundle_(bundle), path_(std::move(path)) {}
   bool done() const { return offset_ == bundle_.size(); }
   std::string_view take(uint64_t length) {
     if (length > bundle_.size() - offset_) {
@@ -57,7 +56,7 @@ class BundleCursor {
   }
 
  private:
-  const std::string& bundle_;
+  std::string_view bundle_;
   std::string path_;
   size_t offset_ = 0;
 };
@@ -70,13 +69,13 @@ void write_file(const std::string& path, std::string_view bytes, Env& env) {
 
 }  // namespace
 
-std::string pack_checkpoint(const std::string& path, Env& env) {
+at::Tensor pack_checkpoint(const std::string& path, Env& env) {
   const std::string metadata = (fs::path(path) / kMetadataFileName).string();
   if (env.file_type(metadata) != FileType::kRegular) {
     throw InvalidArgument(
         fmt::format("pack_checkpoint: {} is not a committed checkpoint (no {})", path, kMetadataFileName));
   }
-  std::string out;
+  std::vector<PackedFile> files;
   for (const std::string& name : env.list_directory(path)) {
     if (name == kMetadataFileName) continue;
     const std::string file = (fs::path(path) / name).string();
@@ -84,13 +83,31 @@ std::string pack_checkpoint(const std::string& path, Env& env) {
       throw InvalidArgument(
           fmt::format("pack_checkpoint: {} is {}, not a checkpoint's file", file, describe(env.file_type(file))));
     }
-    append_file(out, name, file, env);
+    files.push_back({name, env.open_for_reading(file)});
   }
-  append_file(out, kMetadataFileName, metadata, env);  // last: its arrival commits the copy
-  return out;
+  files.push_back({kMetadataFileName, env.open_for_reading(metadata)});  // last: its arrival commits the copy
+  int64_t total = 0;
+  for (PackedFile& each : files) {
+    each.size = each.file->size();
+    total += 16 + static_cast<int64_t>(each.name.size()) + each.size;
+  }
+  at::Tensor bundle = at::empty({total}, at::kByte);
+  char* out = static_cast<char*>(bundle.data_ptr());
+  for (const PackedFile& each : files) {
+    out = put_length(out, each.name.size());
+    out = std::copy(each.name.begin(), each.name.end(), out);
+    out = put_length(out, static_cast<uint64_t>(each.size));
+    if (each.size > 0) each.file->read_at(out, each.size, 0);
+    out += each.size;
+  }
+  return bundle;
 }
 
-void unpack_checkpoint(const std::string& bundle, const std::string& path, Env& env) {
+std::string_view bundle_bytes(const at::Tensor& bundle) {
+  return {static_cast<const char*>(bundle.data_ptr()), static_cast<size_t>(bundle.numel())};
+}
+
+void unpack_checkpoint(std::string_view bundle, const std::string& path, Env& env) {
   std::vector<std::pair<std::string, std::string_view>> files;
   BundleCursor cursor(bundle, path);
   while (!cursor.done()) {

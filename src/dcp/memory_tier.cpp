@@ -10,6 +10,8 @@
 #include "dcp/memory_tier_rep.h"
 #include "util/exception_message.h"
 
+#include <ATen/ops/empty.h>
+
 #include <fmt/format.h>
 
 #include <chrono>
@@ -126,12 +128,6 @@ std::string MemoryTier::Rep::agreed_error(const std::string& error) const {
   return "";
 }
 
-std::string MemoryTier::Rep::send_to(int64_t sender, int64_t receiver, const std::string& bytes) const {
-  TORCH_INTERNAL_ASSERT(group, "MemoryTier: a replica is sent only with a group");
-  std::vector<std::string> parts = group->gather(rank == sender ? bytes : std::string(), receiver);
-  return rank == receiver ? std::move(parts[static_cast<size_t>(sender)]) : std::string();
-}
-
 MemoryTier::MemoryTier(MemoryTierOptions options, NodeLayout layout, std::optional<dist::ProcessGroup> group)
     : rep_(std::make_unique<Rep>()) {
   check_memory_tier_options(options);
@@ -182,7 +178,7 @@ MemorySaveReport MemoryTier::save(int64_t step, const StateDict& state) {
   MemorySaveReport report;
   report.step = step;
   std::string error;
-  std::string bundle;
+  at::Tensor bundle = at::empty({0}, at::kByte);
   const auto start = Clock::now();
   try {
     const std::string path = own_path(step);
@@ -191,19 +187,19 @@ MemorySaveReport MemoryTier::save(int64_t step, const StateDict& state) {
     FileSystemWriter writer(path, FileSystemWriterOptions().env(r.options.env()).sync_files(false));
     dcp::save(state, writer);  // this rank's state alone, without the group
     if (peer()) bundle = pack_checkpoint(path, r.env());
-    report.bytes = static_cast<int64_t>(bundle.size());
+    report.bytes = bundle.numel();
   } catch (const std::exception& failure) {
     error = exception_message(failure);
-    bundle.clear();  // the peer keeps what it has
+    bundle = at::empty({0}, at::kByte);  // the peer keeps what it has
   }
   report.save_s = seconds_since(start);
   const auto replicate_start = Clock::now();
   if (peer()) {
-    for (int64_t receiver = 0; receiver < r.world_size; ++receiver) {
-      std::string received = r.send_to(*r.source_of(receiver), receiver, bundle);
-      if (receiver != r.rank || received.empty() || !error.empty()) continue;
+    // One shift around the ring: each rank's checkpoint crosses the network once.
+    const at::Tensor received = r.group->shift(bundle, *peer(), *source());
+    if (received.numel() > 0 && error.empty()) {
       try {
-        unpack_checkpoint(received, replica_path(step), r.env());
+        unpack_checkpoint(bundle_bytes(received), replica_path(step), r.env());
       } catch (const std::exception& failure) {
         error = fmt::format("the replica of rank {}: {}", *source(), exception_message(failure));
       }
@@ -219,6 +215,7 @@ MemorySaveReport MemoryTier::save(int64_t step, const StateDict& state) {
     }
   }
   report.error = r.agreed_error(error);
+  report.replicated = peer().has_value() && report.error.empty();
   return report;
 }
 

@@ -7,6 +7,7 @@
 #include <stowage/dcp/memory_tier.h>
 
 #include <cstdint>
+#include <exception>
 #include <optional>
 #include <set>
 #include <string>
@@ -14,7 +15,8 @@
 
 namespace stowage::dcp {
 
-// The verified steps one rank can restore from memory.
+// The committed steps one rank holds in memory; restore() drops a step from it when its
+// copy fails to load.
 struct RankListing {
   std::set<int64_t> own;
   std::set<int64_t> held;  // the replicas of its source
@@ -45,18 +47,24 @@ struct MemoryTier::Rep {
   std::vector<std::string> all_gather(const std::string& text) const;
   // The first rank's non-empty `error` ("rank R: ..."), the same on every rank.
   std::string agreed_error(const std::string& error) const;
-  // Sends `bytes` (given on `sender`) to `receiver`, which returns them; others get "".
-  // Collective: every rank calls it with the same sender and receiver.
-  std::string send_to(int64_t sender, int64_t receiver, const std::string& bytes) const;
 
   // memory_tier_restore.cpp.
   // The newest step that every rank has, itself or at its peer; nothing if none.
   std::optional<int64_t> newest_common_step(const std::vector<RankListing>& listings) const;
   // Every rank without its own `step` fetches it from its peer, then every rank loads
-  // its own. Returns whether every rank loaded; else adds the first failure to
-  // result.skipped (a rank that loaded has its state changed).
-  bool load_from_memory(int64_t step, const std::vector<RankListing>& listings, StateDict& state,
+  // its own (dcp::load checks every chunk's checksum before it changes the state).
+  // Returns whether every rank loaded; else adds each failure to result.skipped and drops
+  // the copy that failed from `listings` (a rank's own, or the replica its peer holds),
+  // the same on every rank. A rank that loaded has its state changed.
+  bool load_from_memory(int64_t step, std::vector<RankListing>& listings, StateDict& state,
                         const LoadOptions& load_options, TierRestore& result) const;
+  // Collective, with a group: each rank holding the replica of `step` that its source
+  // lacks sends it back, and a rank lacking its own receives it into its own directory.
+  // Returns whether this rank now has its own copy; sets `failure` (as load_from_memory
+  // exchanges it) when a copy this rank sent or received failed.
+  bool fetch_missing(int64_t step, const std::vector<RankListing>& listings, std::string& failure) const;
+  // The failure line of this rank's fetched copy of `step`.
+  std::string fetched_failure(int64_t step, const std::exception& failed) const;
 };
 
 // The steps of the committed checkpoints of stowage's format among `checkpoints`, in

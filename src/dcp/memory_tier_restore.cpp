@@ -6,23 +6,22 @@
 
 #include <stowage/dcp/checkpoint.h>
 #include <stowage/dcp/filesystem.h>
-#include <stowage/dcp/verify.h>
 #include <stowage/error.h>
 
 #include "dcp/checkpoint_bundle.h"
 #include "dcp/memory_tier_rep.h"
 #include "util/exception_message.h"
 
+#include <ATen/ops/empty.h>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <filesystem>
 #include <set>
 #include <sstream>
 
 namespace stowage::dcp {
 namespace {
-namespace fs = std::filesystem;
 
 // A rank's listing as the all-gather carries it: "4,6|2,4" (own|held).
 std::string encode(const std::vector<int64_t>& own, const std::vector<int64_t>& held) {
@@ -44,26 +43,11 @@ RankListing decode(const std::string& text) {
   return RankListing{decode_steps(text.substr(0, bar)), decode_steps(text.substr(bar + 1))};
 }
 
-// The committed checkpoints of `directory` that verify, oldest first; each that does not
-// is added to `skipped`, never listed.
-std::vector<int64_t> verified_steps(const std::string& directory, Env& env, std::vector<std::string>& skipped) {
-  std::vector<int64_t> steps;
-  for (const int64_t step : committed_stowage_steps(list_checkpoints(directory, env))) {
-    const std::string path = (fs::path(directory) / step_directory_name(step)).string();
-    std::string error;
-    try {
-      FileSystemReader reader(path, &env);
-      error = verify(reader).error;
-    } catch (const std::exception& failure) {
-      error = exception_message(failure);
-    }
-    if (error.empty()) {
-      steps.push_back(step);
-    } else {
-      skipped.push_back(fmt::format("memory checkpoint {}: {}", path, error));
-    }
-  }
-  return steps;
+// A failed load's copy, as the ranks exchange it: which copy failed ('o': the rank's
+// own, 'h': the replica it holds, 'f': the one it fetched, that is its holder's), then
+// the line for TierRestore::skipped.
+std::string failure_of(char copy, const std::string& line) {
+  return copy + line;
 }
 
 }  // namespace
@@ -86,63 +70,84 @@ std::optional<int64_t> MemoryTier::Rep::newest_common_step(const std::vector<Ran
   return std::nullopt;
 }
 
-bool MemoryTier::Rep::load_from_memory(int64_t step, const std::vector<RankListing>& listings, StateDict& state,
+std::string MemoryTier::Rep::fetched_failure(int64_t step, const std::exception& failed) const {
+  return failure_of('f', fmt::format("the replica of rank {} at step {} on rank {}, fetched into {}: {}", rank, step,
+                                     *peer_of(rank), own_path(step), exception_message(failed)));
+}
+
+bool MemoryTier::Rep::fetch_missing(int64_t step, const std::vector<RankListing>& listings,
+                                    std::string& failure) const {
+  const bool fetching = listings[static_cast<size_t>(rank)].own.count(step) == 0;
+  at::Tensor bundle = at::empty({0}, at::kByte);
+  const std::optional<int64_t> source = source_of(rank);
+  if (source && listings[static_cast<size_t>(*source)].own.count(step) == 0) {
+    try {
+      bundle = pack_checkpoint(replica_path(*source, step), env());
+    } catch (const std::exception& failed) {
+      failure = failure_of(
+          'h', fmt::format("memory checkpoint {}: {}", replica_path(*source, step), exception_message(failed)));
+    }
+  }
+  // Each replica goes back the other way round the ring than it came.
+  const at::Tensor received = group->shift(bundle, source.value_or(rank), peer_of(rank).value_or(rank));
+  if (!fetching || received.numel() == 0) return !fetching;  // none: the holder says why
+  try {
+    unpack_checkpoint(bundle_bytes(received), own_path(step), env());
+    return true;
+  } catch (const std::exception& failed) {
+    failure = fetched_failure(step, failed);
+    return false;
+  }
+}
+
+bool MemoryTier::Rep::load_from_memory(int64_t step, std::vector<RankListing>& listings, StateDict& state,
                                        const LoadOptions& load_options, TierRestore& result) const {
-  const std::string own = own_path(step);
-  std::string error;
+  const bool fetching = listings[static_cast<size_t>(rank)].own.count(step) == 0;
+  result.fetched_ranks.clear();
   for (int64_t of = 0; of < world_size; ++of) {
-    if (listings[static_cast<size_t>(of)].own.count(step) > 0) continue;
-    result.fetched_ranks.push_back(of);
-    const int64_t holder = *peer_of(of);  // newest_common_step saw the replica there
-    std::string bundle;
-    if (rank == holder) {
-      try {
-        bundle = pack_checkpoint(replica_path(of, step), env());
-      } catch (const std::exception& failure) {
-        error = exception_message(failure);  // the fetching rank sees an empty bundle
-      }
-    }
-    bundle = send_to(holder, of, bundle);
-    if (rank != of) continue;
-    try {
-      unpack_checkpoint(bundle, own, env());
-    } catch (const std::exception& failure) {
-      error = fmt::format("fetching its replica from rank {}: {}", holder, exception_message(failure));
-    }
+    if (listings[static_cast<size_t>(of)].own.count(step) == 0) result.fetched_ranks.push_back(of);
   }
-  if (error.empty()) {
+  std::string failure;  // failure_of(...); empty: this rank's part went well
+  const bool present = result.fetched_ranks.empty() || fetch_missing(step, listings, failure);
+  if (present && failure.empty()) {
     try {
-      FileSystemReader reader(own, options.env());
+      FileSystemReader reader(own_path(step), options.env());
       load(state, reader, load_options);
-    } catch (const std::exception& failure) {
-      error = exception_message(failure);
+    } catch (const std::exception& failed) {
+      failure = fetching ? fetched_failure(step, failed)
+                         : failure_of(
+                               'o', fmt::format("memory checkpoint {}: {}", own_path(step), exception_message(failed)));
     }
   }
-  const std::string agreed = agreed_error(error);
-  if (agreed.empty()) {
+  const std::vector<std::string> failures = all_gather(failure);
+  bool loaded = true;
+  for (int64_t r = 0; r < world_size; ++r) {
+    const std::string& each = failures[static_cast<size_t>(r)];
+    if (each.empty()) continue;
+    loaded = false;
+    result.skipped.push_back(each.substr(1));
+    if (each[0] == 'o') listings[static_cast<size_t>(r)].own.erase(step);
+    if (each[0] == 'h') listings[static_cast<size_t>(r)].held.erase(step);
+    if (each[0] == 'f') listings[static_cast<size_t>(*peer_of(r))].held.erase(step);
+  }
+  if (loaded) {
     result.step = step;
     result.tier = result.fetched_ranks.empty() ? RestoreTier::kMemory : RestoreTier::kPeerReplica;
-    return true;
+  } else {
+    result.fetched_ranks.clear();
   }
-  result.fetched_ranks.clear();
-  result.skipped.push_back(fmt::format("memory step {}: {}", step, agreed));
-  return false;
+  return loaded;
 }
 
 TierRestore MemoryTier::restore(StateDict& state, CheckpointManager& storage, LoadOptions options) {
   Rep& r = *rep_;
   TierRestore result;
-  std::vector<std::string> unverified;
-  const std::vector<int64_t> own = verified_steps(r.own_directory(), r.env(), unverified);
+  const std::vector<int64_t> own = committed_stowage_steps(list_checkpoints(r.own_directory(), r.env()));
   const std::vector<int64_t> held =
-      source() ? verified_steps(r.replica_directory(*source()), r.env(), unverified) : std::vector<int64_t>{};
+      source() ? committed_stowage_steps(list_checkpoints(r.replica_directory(*source()), r.env()))
+               : std::vector<int64_t>{};
   std::vector<RankListing> listings;
   for (const std::string& text : r.all_gather(encode(own, held))) listings.push_back(decode(text));
-  for (const std::string& lines : r.all_gather(fmt::format("{}", fmt::join(unverified, "\n")))) {
-    std::stringstream stream(lines);
-    for (std::string line; std::getline(stream, line);) result.skipped.push_back(line);
-  }
-  const std::optional<int64_t> step = r.newest_common_step(listings);
   std::string stored_text;  // the storage's newest checkpoint of stowage's format, as rank 0 sees it
   if (r.rank == 0) {
     const std::vector<int64_t> stored = committed_stowage_steps(storage.list());
@@ -151,14 +156,18 @@ TierRestore MemoryTier::restore(StateDict& state, CheckpointManager& storage, Lo
   if (r.group) stored_text = r.group->broadcast(stored_text, 0);
   const std::optional<int64_t> newest_stored =
       stored_text.empty() ? std::nullopt : std::optional<int64_t>(std::stoll(stored_text));
-  if (step && (!newest_stored || *step >= *newest_stored)) {
+  // Each failed step drops the copy that failed: the next try is another step, or none.
+  std::optional<int64_t> tried;
+  for (std::optional<int64_t> step = r.newest_common_step(listings);
+       step && (!newest_stored || *step >= *newest_stored); step = r.newest_common_step(listings)) {
     if (r.load_from_memory(*step, listings, state, options, result)) return result;
-    if (!newest_stored) {
-      throw Error(
-          fmt::format("MemoryTier::restore: loading step {} from memory failed ({}), and storage ({}) "
-                      "holds no checkpoint to fall back to",
-                      *step, result.skipped.back(), storage.directory()));
-    }
+    tried = step;
+  }
+  if (tried && !newest_stored) {
+    throw Error(
+        fmt::format("MemoryTier::restore: loading step {} from memory failed ({}), and storage ({}) "
+                    "holds no checkpoint to fall back to",
+                    *tried, result.skipped.back(), storage.directory()));
   }
   std::vector<SkippedCheckpoint> skipped;
   result.step = storage.restore(state, options, &skipped);

@@ -320,6 +320,54 @@ std::string ProcessGroup::broadcast(const std::string& bytes, int64_t root) cons
   return tensor_bytes(data[0], size);
 }
 
+namespace {
+
+// Sends `out` to `to` while receiving `in` from `from`; the receive is posted first, so
+// that every rank of a ring may send at once. Gloo's send and receive complete only in
+// their wait() (isCompleted() stays false until then): each is waited on with the
+// group's timeout, without watching the store as run() does.
+void send_while_receiving(ProcessGroup::Impl& g, const char* what, std::vector<at::Tensor>& out, int64_t to,
+                          std::vector<at::Tensor>& in, int64_t from) {
+  constexpr int kShiftTag = 0;
+  if (g.failure) throw *g.failure;
+  std::string cause;
+  try {
+    auto receive = g.backend->recv(in, static_cast<int>(from), kShiftTag);
+    auto send = g.backend->send(out, static_cast<int>(to), kShiftTag);
+    send->wait(g.timeout);
+    receive->wait(g.timeout);
+    return;
+  } catch (const std::exception& e) {
+    cause = exception_message(e);
+  }
+  fail_group(g, what, cause);
+}
+
+}  // namespace
+
+at::Tensor ProcessGroup::shift(const at::Tensor& bytes, int64_t to, int64_t from) const {
+  Impl& g = *impl_;
+  if (to < 0 || to >= g.size || from < 0 || from >= g.size) {
+    throw InvalidArgument(
+        fmt::format("ProcessGroup::shift: to {} and from {} must be ranks of the group's {}", to, from, g.size));
+  }
+  check_collective_tensor(bytes, "shift");
+  if (bytes.scalar_type() != at::kByte || bytes.dim() != 1 || !bytes.device().is_cpu()) {
+    throw InvalidArgument(fmt::format("ProcessGroup::shift: the bytes must be a 1-D uint8 CPU tensor, not {} {} on {}",
+                                      bytes.dim(), c10::toString(bytes.scalar_type()), bytes.device().str()));
+  }
+  if (to == g.rank && from == g.rank) return bytes.clone();
+  std::vector<at::Tensor> length_out{at::full({1}, bytes.numel(), at::kLong)};
+  std::vector<at::Tensor> length_in{at::empty({1}, at::kLong)};
+  send_while_receiving(g, "shift (lengths)", length_out, to, length_in, from);
+  const int64_t incoming = length_in[0].item<int64_t>();
+  // Gloo moves no empty tensor: an empty side sends and receives one byte.
+  std::vector<at::Tensor> data_out{bytes.numel() > 0 ? bytes : at::zeros({1}, at::kByte)};
+  std::vector<at::Tensor> data_in{at::empty({std::max<int64_t>(1, incoming)}, at::kByte)};
+  send_while_receiving(g, "shift", data_out, to, data_in, from);
+  return data_in[0].narrow(0, 0, incoming);
+}
+
 void ProcessGroup::barrier() const {
   Impl& g = *impl_;
   c10d::BarrierOptions options;

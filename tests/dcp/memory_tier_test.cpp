@@ -121,7 +121,7 @@ TEST(MemoryTier, ATornLocalWriteIsNeverRestoredAndTheNextSaveRemovesIt) {
   EXPECT_EQ(restored.step, 4);
   EXPECT_EQ(restored.tier, RestoreTier::kMemory);
   expect_memory_tier_state(state, 0, 4);
-  ASSERT_EQ(restored.skipped.size(), 1u);  // the half-committed one failed its verification
+  ASSERT_EQ(restored.skipped.size(), 1u);  // the half-committed one failed to load
   EXPECT_NE(restored.skipped[0].find(tier.own_path(8)), std::string::npos) << restored.skipped[0];
 
   ASSERT_EQ(tier.save(10, memory_tier_state(0, 10)).error, "");
@@ -164,7 +164,27 @@ TEST(MemoryTier, ACorruptReplicaIsSkippedNeverLoaded) {
   EXPECT_EQ(results[0].step, 2);
   EXPECT_EQ(results[0].tier, RestoreTier::kPeerReplica);
   ASSERT_EQ(results[0].skipped.size(), 1u);
-  EXPECT_NE(results[0].skipped[0].find(replica), std::string::npos) << results[0].skipped[0];
+  EXPECT_NE(results[0].skipped[0].find("the replica of rank 2 at step 4 on rank 0"), std::string::npos)
+      << results[0].skipped[0];
+}
+
+// A rank's own copy that fails to load (one flipped byte) is dropped, and the same step
+// comes from its peer's replica: the state is never changed by the corrupt copy.
+TEST(MemoryTier, ACorruptOwnCopyIsReplacedByItsPeersReplicaAtTheSameStep) {
+  const ScratchDir dir;
+  train_four_ranks(dir, {2, 4}, 2);
+  const std::string own = dir.sub(fmt::format("memory/node-0/rank-1-of-4/{}", step_directory_name(4)));
+  const std::string data = own + "/" + data_files(own).at(0);
+  std::string bytes = read_file(data);
+  bytes[bytes.size() / 2] ^= 0x40;
+  write_file(data, bytes);
+
+  const std::vector<TierRestore> results = restore_four_ranks(dir, {4, 4, 4, 4});
+  EXPECT_EQ(results[0].step, 4);
+  EXPECT_EQ(results[0].tier, RestoreTier::kPeerReplica);
+  EXPECT_EQ(results[0].fetched_ranks, (std::vector<int64_t>{1}));
+  ASSERT_EQ(results[0].skipped.size(), 1u);
+  EXPECT_NE(results[0].skipped[0].find(own), std::string::npos) << results[0].skipped[0];
 }
 
 TEST(MemoryTier, ALostNodeAndItsPeerResumeFromStorage) {

@@ -126,6 +126,21 @@ TEST(DistProcessGroup, CollectivesOfThreeRanks) {
   });
 }
 
+// A shift around a ring of three, each way, with lengths that differ (an empty one
+// included): each rank gets exactly the bytes its `from` sent.
+TEST(DistProcessGroup, AShiftSendsEachRanksBytesToTheNextRank) {
+  testing::run_ranks(3, [](const ProcessGroup& group) {
+    const int64_t rank = group.rank();
+    const auto bytes_of = [](int64_t r) { return at::full({r * 1000}, static_cast<int>(r + 1), at::kByte); };
+    const at::Tensor forward = group.shift(bytes_of(rank), (rank + 1) % 3, (rank + 2) % 3);
+    EXPECT_TRUE(forward.equal(bytes_of((rank + 2) % 3))) << "rank " << rank << " got " << forward.numel();
+    const at::Tensor back = group.shift(bytes_of(rank), (rank + 2) % 3, (rank + 1) % 3);
+    EXPECT_TRUE(back.equal(bytes_of((rank + 1) % 3))) << "rank " << rank << " got " << back.numel();
+    EXPECT_THROW(group.shift(bytes_of(rank), 3, 0), InvalidArgument);
+    EXPECT_THROW(group.shift(at::zeros({2}, at::kFloat), 1, 2), InvalidArgument);
+  });
+}
+
 TEST(DistProcessGroup, AnAttachmentIsMadeOnceAndSharedByTheCopiesOfAGroup) {
   const ProcessGroup group = group_of_one();
   // NOLINTNEXTLINE(performance-unnecessary-copy-initialization): a copy of the group is what this test is about

@@ -27,14 +27,17 @@
 // local rank on the next node of a ring over the nodes. With one node there is no peer,
 // and nothing is replicated.
 //
-// Recovery (restore): every rank lists the steps it can restore itself (its own
-// checkpoints) and those it holds for its source rank (the replicas), each verified
-// (every chunk read and checked): a corrupt or half-written one is not listed. The ranks
-// agree (an all-gather) on the newest step that every rank can get, from its own memory
-// or from its peer; if that step is newer than the storage's newest committed
-// checkpoint, a rank without its own copy fetches it from its peer (into its own
-// directory, committed as any), and every rank loads its own; otherwise, or if any rank
-// fails to load, every rank restores from storage (CheckpointManager::restore). A job of
+// Recovery (restore): every rank lists the committed steps it can restore itself (its
+// own checkpoints) and those it holds for its source rank (the replicas); a half-written
+// one is not listed. The ranks agree (an all-gather) on the newest step that every rank
+// can get, from its own memory or from its peer; if that step is at least as new as the
+// storage's newest committed checkpoint, a rank without its own copy fetches it from its
+// peer (into its own directory, committed as any), and every rank loads its own, which
+// checks every chunk against its checksum before it changes the state. A copy that fails
+// (corrupt, truncated, unreadable) is never loaded: it is dropped and the ranks agree
+// again, on the same step from the other copy or on an older one; when none is left,
+// every rank restores from storage (CheckpointManager::restore). Only the step restored
+// is read (each rank's part once), however many the tier keeps. A job of
 // another world size finds no checkpoint of its own (the directory names W), and goes
 // through storage, which reshards.
 //
@@ -95,9 +98,10 @@ void check_memory_tier_options(const MemoryTierOptions& options);
 // A memory save, the same on every rank (agreed).
 struct MemorySaveReport {
   int64_t step = 0;
-  int64_t bytes = 0;       // this rank's checkpoint
-  double save_s = 0;       // this rank's write into memory
-  double replicate_s = 0;  // the exchange with the peers and the replica's write
+  int64_t bytes = 0;        // this rank's checkpoint
+  double save_s = 0;        // this rank's write into memory
+  double replicate_s = 0;   // the exchange with the peers and the replica's write
+  bool replicated = false;  // this rank's checkpoint reached its peer (never with one node)
   // The first rank's failure ("rank 2: ..."), empty when every rank saved and
   // replicated. A failed save leaves the older checkpoints as they were.
   std::string error;
@@ -118,9 +122,9 @@ struct TierRestore {
   std::optional<int64_t> step;
   RestoreTier tier = RestoreTier::kNone;
   std::vector<int64_t> fetched_ranks;  // kPeerReplica: the ranks that fetched their part
-  // What was passed over, one line each, the same on every rank: memory checkpoints that
-  // could not be verified (this rank's), a memory step that failed to load, and the
-  // storage's skipped checkpoints.
+  // What was passed over, one line each, the same on every rank: each memory checkpoint
+  // that failed to load (a rank's own, a replica held, a copy fetched), and the storage's
+  // skipped checkpoints.
   std::vector<std::string> skipped;
 };
 

@@ -93,6 +93,13 @@ class ProcessGroup {
   std::string scatter(const std::vector<std::string>& parts, int64_t root) const;
   // root's bytes to every rank.
   std::string broadcast(const std::string& bytes, int64_t root) const;
+  // A shift around a ring: every rank sends `bytes` (a 1-D uint8 tensor, of any length)
+  // to rank `to` and returns those that rank `from` sent it, point to point (c10d send and
+  // recv), so that each rank's bytes cross the network once. Every rank calls it, each
+  // with its own `to` and `from`, which must pair up (this rank's `from` sends to it).
+  // Throws InvalidArgument naming a `to` or `from` outside the group or bytes of another
+  // shape or type.
+  at::Tensor shift(const at::Tensor& bytes, int64_t to, int64_t from) const;
   void barrier() const;
 
   // Tensor collectives, in place, for a training loop that shares the group (data
