@@ -44,12 +44,24 @@ void summary_fields(Summary& s, Field&& field) {
   field("exit_status", s.exit_status);
 }
 
-// The line of one record whose fields `fields` lists.
+// The JSON object of one record whose fields `fields` lists.
 template <typename Record, typename Fields>
-std::string record_line(const char* event, const Record& record, Fields&& fields) {
+nlohmann::json record_line(const char* event, const Record& record, Fields&& fields) {
   nlohmann::json out{{"event", event}};
   fields(record, [&out](const char* key, const auto& value) { out[key] = value; });
-  return out.dump();
+  return out;
+}
+
+// A step record's "tiers": each tier's newest step and its time.
+nlohmann::json tiers_json(const CheckpointTiers& tiers) {
+  nlohmann::json out = nlohmann::json::object();
+  const auto add = [&out](const char* tier, int64_t step, double seconds) {
+    out[tier] = {{"step", step}, {"ms", seconds * 1e3}};
+  };
+  if (tiers.memory) add("memory", tiers.memory->step, tiers.memory->save_s);
+  if (tiers.replica) add("replica", tiers.replica->step, tiers.replica->replicate_s);
+  if (tiers.storage) add("storage", tiers.storage->step, tiers.storage->commit_s);
+  return out;
 }
 
 // Reads a record's fields back from `line`, a record of `event`.
@@ -73,6 +85,16 @@ Record parse_record(const std::string& line, const char* event, Fields&& fields)
 
 }  // namespace
 
+void CheckpointTiers::record(const dcp::MemorySaveReport& report) {
+  if (!report.error.empty()) return;
+  memory = report;
+  if (report.replicated) replica = report;
+}
+
+void CheckpointTiers::record(const dcp::SaveReport& report) {
+  if (report.committed) storage = report;
+}
+
 double committed_gbps(const dcp::SaveReport& report) {
   return report.commit_s > 0 ? static_cast<double>(report.bytes) / report.commit_s / 1e9 : 0.0;
 }
@@ -89,10 +111,13 @@ void MetricsFile::record(const std::string& json_object) {
 }
 
 void MetricsFile::step(const StepRecord& r) {
-  record(record_line("step", r, [](const StepRecord& each, auto&& field) { step_fields(each, field); }));
+  nlohmann::json line = record_line("step", r, [](const StepRecord& each, auto&& field) { step_fields(each, field); });
+  line["tiers"] = tiers_json(tiers_);
+  record(line.dump());
 }
 
 void MetricsFile::checkpoint(const dcp::SaveReport& r) {
+  tiers_.record(r);
   if (!r.committed) {
     record(
         nlohmann::json{{"event", "checkpoint_failed"}, {"step", r.step}, {"path", r.path}, {"error", r.error}}.dump());
@@ -108,11 +133,13 @@ void MetricsFile::checkpoint(const dcp::SaveReport& r) {
 }
 
 void MetricsFile::memory_checkpoint(const dcp::MemorySaveReport& r) {
+  tiers_.record(r);
   record(nlohmann::json{{"event", r.error.empty() ? "memory_checkpoint" : "memory_checkpoint_failed"},
                         {"step", r.step},
                         {"bytes", r.bytes},
                         {"save_ms", r.save_s * 1e3},
                         {"replicate_ms", r.replicate_s * 1e3},
+                        {"replicated", r.replicated},
                         {"error", r.error}}
              .dump());
 }
@@ -127,7 +154,7 @@ void MetricsFile::restore(const dcp::TierRestore& restored) {
 }
 
 void MetricsFile::end(const RunSummary& s) {
-  record(record_line("end", s, [](const RunSummary& each, auto&& field) { summary_fields(each, field); }));
+  record(record_line("end", s, [](const RunSummary& each, auto&& field) { summary_fields(each, field); }).dump());
 }
 
 StepRecord parse_step_record(const std::string& line) {

@@ -7,6 +7,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -32,18 +34,61 @@ train::StepRecord a_step() {
   return r;
 }
 
-const std::string kCheckpoint = "ckpt@1200 staged 12 ms, committed 1.23 GB/s";
+// The three tiers' newest saves: storage at 1200, memory and its replica at 1230.
+train::CheckpointTiers some_tiers() {
+  train::CheckpointTiers tiers;
+  dcp::SaveReport storage;
+  storage.step = 1200;
+  storage.committed = true;
+  storage.bytes = 1230000000;
+  storage.blocked_s = 0.012;
+  storage.commit_s = 1.0;
+  tiers.record(storage);
+  dcp::MemorySaveReport memory;
+  memory.step = 1230;
+  memory.save_s = 0.003;
+  memory.replicate_s = 0.051;
+  memory.replicated = true;
+  tiers.record(memory);
+  return tiers;
+}
 
 TEST(ProgressLine, AWideTerminalShowsEveryField) {
-  const std::string line = fit_progress_line(progress_fields(a_step(), kCheckpoint), 400);
+  const std::string line = fit_progress_line(progress_fields(a_step(), some_tiers()), 400);
   for (const char* field : {"1234/100000", "[", "loss 2.346", "123456 tok/s", "42 ms", "act 3.0 GiB", "optim 5.0 MiB",
-                            "grads 6.0 MiB", "peak 4.0 GiB", "host ckpt 700.0 MiB + swap 800.0 MiB", "ckpt@1200"}) {
+                            "grads 6.0 MiB", "peak 4.0 GiB", "host ckpt 700.0 MiB + swap 800.0 MiB",
+                            "ckpt@1200 staged 12 ms, committed 1.23 GB/s", "mem@1230 3 ms", "replica@1230 51 ms"}) {
     EXPECT_THAT(line, HasSubstr(field));
   }
 }
 
+// Each tier shows its newest save that succeeded; one node has no replica.
+TEST(ProgressLine, EachTierShowsItsNewestSave) {
+  train::CheckpointTiers tiers = some_tiers();
+  dcp::MemorySaveReport failed;
+  failed.step = 1240;
+  failed.error = "rank 1: No space left on device";
+  tiers.record(failed);
+  dcp::SaveReport uncommitted;
+  uncommitted.step = 1250;
+  uncommitted.error = "EIO";
+  tiers.record(uncommitted);
+  std::string line = fit_progress_line(progress_fields(a_step(), tiers), 400);
+  EXPECT_THAT(line, HasSubstr("ckpt@1200 "));
+  EXPECT_THAT(line, HasSubstr("mem@1230 "));
+  EXPECT_THAT(line, HasSubstr("replica@1230 "));
+  dcp::MemorySaveReport one_node;
+  one_node.step = 1260;
+  one_node.save_s = 0.004;
+  tiers.record(one_node);
+  line = fit_progress_line(progress_fields(a_step(), tiers), 400);
+  EXPECT_THAT(line, HasSubstr("mem@1260 4 ms"));
+  EXPECT_THAT(line, HasSubstr("replica@1230 "));  // the newest replica is still the older step's
+  EXPECT_THAT(fit_progress_line(progress_fields(a_step(), train::CheckpointTiers()), 400), Not(HasSubstr("@")));
+}
+
 TEST(ProgressLine, NarrowerTerminalsDropTheLeastImportantFieldsFirst) {
-  const std::vector<ProgressField> fields = progress_fields(a_step(), kCheckpoint);
+  const std::vector<ProgressField> fields = progress_fields(a_step(), some_tiers());
   const size_t full = fit_progress_line(fields, 400).size();
   // In the order they go: each width keeps every field more important than the first
   // one dropped.
@@ -95,6 +140,44 @@ TEST(ProgressLine, EveryRedrawFitsARealTerminal) {
       if (line.find("/12") == std::string::npos) continue;  // a message printed above the bar
       EXPECT_LT(line.size(), static_cast<size_t>(columns)) << line;
       EXPECT_THAT(line, HasSubstr("loss"));
+    }
+  }
+}
+
+// Two "nodes" of one rank each: every step's record in metrics.jsonl names each tier's
+// newest save (memory every 2, storage every 4), and the log lines show the memory tier's.
+TEST(ProgressLine, ARunShowsTheNewestSaveOfEachTier) {
+  testing::RunDir dir, memory;
+  std::string small = testing::kSmall;
+  small.replace(small.find("--log-every 1000"), std::string("--log-every 1000").size(), "--log-every 1");
+  const testing::CommandResult result =
+      testing::run_command(testing::stowage_binary() + " train --run-dir " + dir.str() + small +
+                           " --nproc 2 --nproc-per-node 1 --steps 6 --ckpt-every 4 --memory-ckpt-every 2 "
+                           "--memory-ckpt-dir " +
+                           memory.str());
+  ASSERT_EQ(result.status, 0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("mem@6 "));
+  EXPECT_THAT(result.output, HasSubstr("replica@6 "));
+  std::ifstream metrics(dir.path / "metrics.jsonl");
+  std::map<int64_t, nlohmann::json> tiers_at;  // by step
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    if (record["event"] == "step") tiers_at[record["step"].get<int64_t>()] = record["tiers"];
+  }
+  ASSERT_EQ(tiers_at.size(), 6u);
+  EXPECT_EQ(tiers_at[1], nlohmann::json::object()) << "no tier has a save before step 1's";
+  for (const auto& [step, tiers] : tiers_at) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    // A step's record follows its memory save (synchronous): steps 2 and 3 name step 2.
+    if (step >= 2) {
+      EXPECT_EQ(tiers["memory"]["step"], step / 2 * 2);
+      EXPECT_EQ(tiers["replica"]["step"], step / 2 * 2);
+      EXPECT_GT(tiers["replica"]["ms"].get<double>(), 0);
+    }
+    // The storage's save commits in the background: it shows from the step it was seen.
+    if (tiers.contains("storage")) {
+      EXPECT_GT(step, 4);
+      EXPECT_EQ(tiers["storage"]["step"], 4);
     }
   }
 }

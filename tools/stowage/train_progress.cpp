@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 namespace stowage::cli {
 
@@ -39,9 +40,30 @@ int terminal_columns() {
   return parsed > 0 ? parsed : 80;
 }
 
+// The memory tier's newest save and replica, each when there is one.
+std::vector<std::string> memory_tier_texts(const train::CheckpointTiers& tiers) {
+  std::vector<std::string> texts;
+  if (tiers.memory) texts.push_back(fmt::format("mem@{} {:.0f} ms", tiers.memory->step, tiers.memory->save_s * 1e3));
+  if (tiers.replica) {
+    texts.push_back(fmt::format("replica@{} {:.0f} ms", tiers.replica->step, tiers.replica->replicate_s * 1e3));
+  }
+  return texts;
+}
+
+// Each tier's newest save, storage first.
+std::vector<std::string> tier_texts(const train::CheckpointTiers& tiers) {
+  std::vector<std::string> texts;
+  if (tiers.storage) {
+    texts.push_back(fmt::format("ckpt@{} staged {:.0f} ms, committed {:.2f} GB/s", tiers.storage->step,
+                                tiers.storage->blocked_s * 1e3, train::committed_gbps(*tiers.storage)));
+  }
+  for (std::string& text : memory_tier_texts(tiers)) texts.push_back(std::move(text));
+  return texts;
+}
+
 }  // namespace
 
-std::vector<ProgressField> progress_fields(const train::StepRecord& r, const std::string& last_checkpoint) {
+std::vector<ProgressField> progress_fields(const train::StepRecord& r, const train::CheckpointTiers& tiers) {
   constexpr int kBarWidth = 24;
   const int filled = r.total_steps > 0 ? static_cast<int>(kBarWidth * r.step / r.total_steps) : 0;
   std::vector<ProgressField> fields = {
@@ -58,9 +80,7 @@ std::vector<ProgressField> progress_fields(const train::StepRecord& r, const std
                    format_bytes(r.optimizer_host_bytes)),
        10},
   };
-  if (!last_checkpoint.empty()) {
-    fields.push_back({last_checkpoint, 4});
-  }
+  for (std::string& tier : tier_texts(tiers)) fields.push_back({std::move(tier), 4});  // they go together
   return fields;
 }
 
@@ -98,22 +118,21 @@ void Progress::step(const train::StepRecord& r) {
   if (interactive_) {
     draw();
   } else if (r.step % log_every_ == 0 || r.step == r.total_steps) {
+    // The storage's saves have lines of their own; the memory tier's show here.
+    std::string memory_tiers;
+    for (const std::string& text : memory_tier_texts(metrics_.tiers())) memory_tiers += " " + text;
     fmt::print(
         "step {}/{} loss {:.4f} {:.0f} tok/s {:.0f} ms/step act-peak {} step-peak {} optim-resident {} grads {} "
-        "host-ckpt {} host-optim {}\n",
+        "host-ckpt {} host-optim {}{}\n",
         r.step, r.total_steps, r.loss, r.tokens_per_s, r.step_s * 1e3, format_bytes(r.peak_activation_bytes),
         format_bytes(r.peak_step_bytes), format_bytes(r.optimizer_resident_bytes), format_bytes(r.gradient_bytes),
-        format_bytes(r.checkpoint_host_bytes), format_bytes(r.optimizer_host_bytes));
+        format_bytes(r.checkpoint_host_bytes), format_bytes(r.optimizer_host_bytes), memory_tiers);
     std::fflush(stdout);
   }
 }
 
 void Progress::memory_checkpoint(const dcp::MemorySaveReport& r) {
   metrics_.memory_checkpoint(r);
-  if (r.error.empty()) {
-    last_memory_checkpoint_ =
-        fmt::format("mem@{} {:.0f} ms + replica {:.0f} ms", r.step, r.save_s * 1e3, r.replicate_s * 1e3);
-  }
 }
 
 void Progress::restore(const dcp::TierRestore& restored) {
@@ -127,14 +146,11 @@ void Progress::checkpoint(const dcp::SaveReport& r) {
     return;
   }
   if (!r.error.empty()) warning(fmt::format("checkpoint step {} committed, but {}", r.step, r.error));
-  const double staged_ms = r.blocked_s * 1e3;
-  const double gbps = train::committed_gbps(r);
-  last_checkpoint_ = fmt::format("ckpt@{} staged {:.0f} ms, committed {:.2f} GB/s", r.step, staged_ms, gbps);
   if (interactive_) {
     draw();
   } else {
     fmt::print("checkpoint step {}: {} staged in {:.1f} ms, committed at {:.2f} GB/s -> {}\n", r.step,
-               format_bytes(r.bytes), staged_ms, gbps, r.path);
+               format_bytes(r.bytes), r.blocked_s * 1e3, train::committed_gbps(r), r.path);
     std::fflush(stdout);
   }
 }
@@ -176,10 +192,7 @@ void Progress::draw() {
   if (!last_step_) return;
   // One column short of the width: a line that fills the last column leaves some
   // terminals' cursor on the next line.
-  const std::string checkpoints = last_memory_checkpoint_.empty() || last_checkpoint_.empty()
-                                      ? last_checkpoint_ + last_memory_checkpoint_
-                                      : last_checkpoint_ + "; " + last_memory_checkpoint_;
-  const std::string line = fit_progress_line(progress_fields(*last_step_, checkpoints), terminal_columns() - 1);
+  const std::string line = fit_progress_line(progress_fields(*last_step_, metrics_.tiers()), terminal_columns() - 1);
   fmt::print("\r\033[2K{}", line);
   std::fflush(stdout);
 }

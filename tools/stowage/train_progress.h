@@ -18,11 +18,12 @@ struct ProgressField {
   int rank = 0;
 };
 
-// The fields of the progress line for a step, in display order, and the last
-// checkpoint's summary (empty: none yet). Ranked from the step count (kept always),
-// the loss, throughput, the bar, the last checkpoint, the step time, down to the
-// memory figures.
-std::vector<ProgressField> progress_fields(const train::StepRecord& report, const std::string& last_checkpoint);
+// The fields of the progress line for a step, in display order, then the newest save of
+// each checkpoint tier that has one (storage: "ckpt@30 staged 12 ms, committed 1.23 GB/s";
+// memory: "mem@40 3 ms"; its replica on the peer node: "replica@40 51 ms"). Ranked from
+// the step count (kept always), the loss, throughput, the bar, the tiers, the step time,
+// down to the memory figures.
+std::vector<ProgressField> progress_fields(const train::StepRecord& report, const train::CheckpointTiers& tiers);
 
 // The fields joined by " | ", leaving out the least important ones until the line is
 // at most `columns` characters; if even the most important field is longer, it is cut
@@ -62,8 +63,6 @@ class Progress final : public train::EventSink {
   bool interactive_;
   int64_t log_every_;
   std::optional<train::StepRecord> last_step_;
-  std::string last_checkpoint_;
-  std::string last_memory_checkpoint_;  // the memory tier's last save (empty: none)
 };
 
 std::string format_bytes(int64_t bytes);

@@ -10,8 +10,15 @@
 // killed run loses at most the line being written:
 //   {"event": "step", "step", "loss", "tokens_per_s", "step_s", "peak_activation_bytes",
 //    "peak_step_bytes", "optimizer_resident_bytes", "gradient_bytes",
-//    "checkpoint_host_bytes", "optimizer_host_bytes"}
+//    "checkpoint_host_bytes", "optimizer_host_bytes",
+//    "tiers": {"memory": {"step", "ms"}, "replica": {"step", "ms"}, "storage": {"step",
+//              "ms"}}}  (each tier's newest save, CheckpointTiers, and its time: the
+//              write into memory, the replication, the storage's commit; a tier
+//              without a save yet is left out)
 //   {"event": "checkpoint", "step", "staged_ms", "committed_gbps", "bytes", "path"}
+//   {"event": "memory_checkpoint", "step", "bytes", "save_ms", "replicate_ms",
+//    "replicated", "error"} ("memory_checkpoint_failed" when error is not empty)
+//   {"event": "restore", "step", "tier", "fetched_ranks", "skipped"}
 //   {"event": "checkpoint_failed", "step", "path", "error"}
 //   {"event": "end", "first_step", "last_step", "seconds", "first_loss", "last_loss",
 //    "peak_activation_bytes", "peak_step_bytes", "optimizer_resident_bytes",
@@ -22,6 +29,7 @@
 
 #include <cstdint>
 #include <fstream>
+#include <optional>
 #include <string>
 
 namespace stowage::train {
@@ -44,6 +52,17 @@ struct StepRecord {
 // A committed save's throughput: its bytes over the time from save() to its commit, in
 // GB/s (0 when no time was measured). metrics.jsonl's "committed_gbps".
 double committed_gbps(const dcp::SaveReport& report);
+
+// The newest save of each checkpoint tier that a run could restore from now: its own
+// memory, the replica its peer node holds, and storage. Each sink keeps one from the
+// reports it gets (record); a failed save changes nothing.
+struct CheckpointTiers {
+  std::optional<dcp::MemorySaveReport> memory;   // its step and save_s: the write into memory
+  std::optional<dcp::MemorySaveReport> replica;  // its step and replicate_s; none on one node
+  std::optional<dcp::SaveReport> storage;        // committed: its step, blocked_s and commit_s
+  void record(const dcp::MemorySaveReport& report);
+  void record(const dcp::SaveReport& report);
+};
 
 // A run's end, as Trainer::finish() reports it.
 struct RunSummary {
@@ -101,9 +120,13 @@ class MetricsFile : public EventSink {
   // whose "event" names it (`stowage train` adds "setup": what its flags picked).
   void record(const std::string& json_object);
 
+  // The tiers' newest saves, from the reports this file has recorded.
+  const CheckpointTiers& tiers() const { return tiers_; }
+
  private:
   std::string path_;
   std::ofstream file_;
+  CheckpointTiers tiers_;
 };
 
 }  // namespace stowage::train
