@@ -15,5 +15,6 @@ void add_bench_grad_sync(CLI::App& bench);
 void add_bench_interop(CLI::App& bench);
 void add_bench_train(CLI::App& bench);
 void add_bench_capacity(CLI::App& bench);
+void add_bench_memory_tier(CLI::App& bench);
 
 }  // namespace stowage::cli

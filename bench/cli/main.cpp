@@ -13,5 +13,6 @@ int main(int argc, char** argv) {
   stowage::cli::add_bench_interop(app);
   stowage::cli::add_bench_train(app);
   stowage::cli::add_bench_capacity(app);
+  stowage::cli::add_bench_memory_tier(app);
   return stowage::cli::run_program(app, "stowage-bench", argc, argv);
 }

@@ -149,6 +149,16 @@ void add_train_rows(bench::Table& rows, const json& r) {
   }
 }
 
+// Issue 40: the memory tier against storage, on the same state in the same run.
+void add_memory_tier_rows(bench::Table& rows, const json& r) {
+  add_row(rows, "memory-tier", "save throughput, memory tier / storage", figure_of(r, "memory_over_storage_save"),
+          ">=", 5);
+  add_row(rows, "memory-tier", "restore, storage cold / own memory", figure_of(r, "storage_over_memory_restore"),
+          ">=", 5);
+  add_row(rows, "memory-tier", "restore, storage cold / peer replica", figure_of(r, "storage_over_replica_restore"),
+          ">=", 5);
+}
+
 // --quick's sizes of each benchmark: seconds each, to try the table or the report.
 std::vector<std::string> quick_args(const std::string& name) {
   if (name == "dcp") return {"--size-mib", "8"};
@@ -163,6 +173,7 @@ std::vector<std::string> quick_args(const std::string& name) {
             "--train-steps",  "3", "--train-rounds", "1",  "--budget-shares", "0.5"};
   }
   if (name == "train") return {"--steps", "10", "--rounds", "1", "--ckpt-every", "5"};
+  if (name == "memory_tier") return {"--size-mib", "8", "--rounds", "1"};
   if (name == "capacity") return {"--capacity", "16MiB", "--max-layers", "4", "--steps", "1", "--width", "64"};
   return {};
 }
@@ -179,8 +190,11 @@ struct BenchmarkRun {
 // device (for device memory), run where the build has it.
 std::vector<BenchmarkRun> benchmark_runs(const RunAllOptions& options) {
   const std::vector<std::string> train_model{"activation", "--train-model"};
-  std::vector<BenchmarkRun> runs{
-      {"dcp", {"dcp"}}, {"activation", {"activation"}}, {"activation_train", train_model}, {"swap", {"swap"}}};
+  std::vector<BenchmarkRun> runs{{"dcp", {"dcp"}},
+                                 {"activation", {"activation"}},
+                                 {"activation_train", train_model},
+                                 {"swap", {"swap"}},
+                                 {"memory_tier", {"memory-tier"}}};
   if (build_info().with_sim) {
     runs.push_back({"activation_train_sim", train_model});
     runs.back().argv.insert(runs.back().argv.end(), {"--train-device", "sim"});
@@ -264,6 +278,7 @@ void run_all(const RunAllOptions& options) {
     if (run.key == "swap") add_swap_rows(rows, r);
     if (run.key == "train") add_train_rows(rows, r);
     if (run.key == "capacity") add_capacity_rows(rows, r);
+    if (run.key == "memory_tier") add_memory_tier_rows(rows, r);
   }
   results["targets"] = rows.json();
   if (!options.report_dir.empty()) {

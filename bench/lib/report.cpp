@@ -290,6 +290,26 @@ void capacity_charts(const json& capacity, UsedKeys& used, json& charts) {
                              groups));
 }
 
+// The memory tier (issue 40): its save's throughput and its recoveries against storage's,
+// each judged by the 5x target.
+void memory_tier_charts(const json& tier, UsedKeys& used, json& charts) {
+  json save = bar_group("save", tier,
+                        {{"memory tier (+ replica)", "memory_save_gbps", "stowage"},
+                         {"storage (fsync'd)", "storage_save_gbps", "stowage"}},
+                        1, "memory_tier", used);
+  set_limit(save, "target: 5 x storage", 5 * json_number(tier, "storage_save_gbps"));
+  charts.push_back(bar_chart("memory-tier-save", "Memory tier: save throughput, all ranks", "GB/s",
+                             "higher is better; dashed: the target, 5 x the storage save's", {save}));
+  json restore = bar_group("restore", tier,
+                           {{"own memory", "restore_memory_s", "stowage"},
+                            {"peer replica", "restore_replica_s", "stowage"},
+                            {"storage, cold", "restore_storage_cold_s", "stowage"}},
+                           1, "memory_tier", used);
+  set_limit(restore, "target: storage cold / 5", json_number(tier, "restore_storage_cold_s") / 5);
+  charts.push_back(bar_chart("memory-tier-restore", "Memory tier: recovery time", "s",
+                             "lower is better; dashed: the target, a fifth of the cold storage restore", {restore}));
+}
+
 // The unit and scale of a key by its suffix.
 std::pair<std::string, double> unit_of(const std::string& key) {
   const auto ends = [&](const std::string& suffix) {
@@ -465,6 +485,7 @@ json report_charts(const json& results) {
   }
   if (results.contains("swap")) swap_charts(results["swap"], used, charts);
   if (results.contains("capacity")) capacity_charts(results["capacity"], used, charts);
+  if (results.contains("memory_tier")) memory_tier_charts(results["memory_tier"], used, charts);
   for (const auto& item : results.items()) {
     if (item.value().is_object() && item.key() != "memory_timeline")
       peer_charts(item.key(), item.value(), used, charts);

@@ -21,7 +21,7 @@ namespace stowage::bench {
 // The charts of `results`: an array of objects with "id", "title", "kind" ("bars",
 // "targets" or "lines"), "unit", the data drawn, and "marks": how many marks (bars, limit
 // lines, curves) the page must draw of it.
-// `results` holds any of "dcp", "activation", "swap", "train" (benchmark objects),
+// `results` holds any of "dcp", "activation", "swap", "train", "memory_tier" (benchmark objects),
 // "targets" (rows of {benchmark, figure, value, target, met}) and "memory_timeline"
 // (memory_timeline.h's to_json).
 nlohmann::json report_charts(const nlohmann::json& results);

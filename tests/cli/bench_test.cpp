@@ -88,6 +88,52 @@ TEST(BenchGradSync, JsonHasEveryFigureOfTwoRanks) {
   EXPECT_TRUE(figures.contains("hidden_fraction")) << last;
 }
 
+// Issue 40: the memory tier against storage on 2 "nodes" of one rank: every figure, each
+// restore from the tier it names (the benchmark fails otherwise), storage read cold, and
+// nothing left behind in either directory.
+TEST(BenchMemoryTier, JsonHasEveryFigureAndBothDirectoriesAreEmptied) {
+  const fs::path dir = fs::temp_directory_path() / ("stowage-bench-tier-test-" + std::to_string(getpid()));
+  const fs::path memory = dir / "memory";
+  const fs::path storage = dir / "storage";
+  fs::create_directories(memory);
+  fs::create_directories(storage);
+  const auto result = run_command(stowage_binary() +
+                                  " bench memory-tier --nproc 2 --size-mib 2 --tensors 2 --rounds 1 --memory-every 1 5 "
+                                  "--storage-every 20 --json --memory-dir " +
+                                  memory.string() + " --storage-dir " + storage.string());
+  ASSERT_EQ(result.status, 0) << result.output;
+  const std::string last = last_json_line(result.output);
+  const nlohmann::json figures = nlohmann::json::parse(last);
+  for (const char* key :
+       {"memory_save_s", "memory_write_s", "memory_replicate_s", "memory_save_gbps", "storage_block_s",
+        "storage_commit_s", "storage_save_gbps", "memory_over_storage_save", "restore_memory_s", "restore_replica_s",
+        "restore_storage_cold_s", "storage_over_memory_restore", "storage_over_replica_restore"}) {
+    ASSERT_TRUE(figures.contains(key)) << key << " missing from " << last;
+    EXPECT_GT(figures[key].get<double>(), 0) << key;
+  }
+  EXPECT_EQ(figures["ranks"], 2);
+  EXPECT_EQ(figures["ranks_per_node"], 1);
+  EXPECT_EQ(figures["bytes_per_rank"].get<int64_t>(), int64_t(2) << 20);
+  EXPECT_LE(figures["memory_save_s"].get<double>(),
+            figures["memory_write_s"].get<double>() + figures["memory_replicate_s"].get<double>() + 1);
+  // Dropped from the page cache before the cold restore (a tmpfs keeps its pages).
+  if (run_command("stat -f -c %T " + storage.string()).output != "tmpfs\n") {
+    EXPECT_LT(figures["storage_resident_fraction"].get<double>(), 0.5) << last;
+  }
+  // Two steps kept, own and replica, of 2 ranks: 8 checkpoints of 2 MiB and their metadata.
+  EXPECT_GE(figures["memory_host_bytes"].get<int64_t>(), int64_t(16) << 20);
+  EXPECT_LT(figures["memory_host_bytes"].get<int64_t>(), int64_t(17) << 20);
+  EXPECT_EQ(figures["storage_mean_steps_lost"].get<double>(), 9.5);
+  ASSERT_EQ(figures["steps_lost"].size(), 2u);
+  EXPECT_EQ(figures["steps_lost"][0]["mean_steps_lost"].get<double>(), 0);
+  EXPECT_EQ(figures["steps_lost"][1]["mean_steps_lost"].get<double>(), 2);
+  EXPECT_TRUE(fs::is_empty(memory)) << "the benchmark left files in " << memory;
+  EXPECT_TRUE(fs::is_empty(storage)) << "the benchmark left files in " << storage;
+  fs::remove_all(dir);
+  EXPECT_NE(run_command(stowage_binary() + " bench memory-tier --nproc 2 --nproc-per-node 2").status, 0)
+      << "one node has no peer to replicate to";
+}
+
 // The ZeRO rows: copies hold the gradients twice, views once, ZeRO-2 this rank's share;
 // the optimizer state is the same share in each.
 TEST(BenchGradSync, ZeroRowsGiveEachModesMemoryPerRank) {
