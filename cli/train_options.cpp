@@ -84,6 +84,11 @@ const std::vector<TrainFlag>& train_flags() {
       {"--ckpt-every", &TrainOptions::ckpt_every, "asynchronous checkpoint every K steps (0: none)",
        non_negative_integer<int64_t>()},
       {"--keep", &TrainOptions::keep, "committed checkpoints to keep", positive_integer<int64_t>()},
+      {"--ckpt-host-budget", &TrainOptions::ckpt_host_budget,
+       "host memory each rank's checkpointing may hold, e.g. 2GiB: staging plus the memory tier's checkpoints and "
+       "replicas; staging then proceeds in waves that fit, and a budget too small for the largest entry is refused "
+       "before the first step (default: no bound)",
+       byte_size()},
       {"--memory-ckpt-every", &TrainOptions::memory_ckpt_every,
        "checkpoint into host memory every K steps, each rank's replicated to the same local rank of the next node; "
        "a resume takes the newest step every rank can get from memory, a peer or storage (0: none; needs "

@@ -42,6 +42,7 @@ struct TrainOptions {
   double offload_fraction = 1.0;            // with "host": the share of the parameters' bytes updated there
   int64_t ckpt_every = 50;                  // 0: no checkpoints
   int64_t keep = 3;
+  std::string ckpt_host_budget;   // host memory for checkpointing ("2GiB"); empty: no bound
   int64_t memory_ckpt_every = 0;  // 0: no memory tier
   std::string memory_ckpt_dir;    // empty: train::default_memory_directory(run_dir)
   bool resume = false;

@@ -38,6 +38,16 @@ void prune_directory(const std::string& directory, int64_t keep, Env& env) {
   }
 }
 
+// The bytes of the regular files under `path` (none if it is absent).
+int64_t tree_bytes(const std::string& path, Env& env) {
+  const FileType type = env.file_type(path);
+  if (type == FileType::kRegular) return env.open_for_reading(path)->size();
+  if (type != FileType::kDirectory) return 0;
+  int64_t bytes = 0;
+  for (const std::string& name : env.list_directory(path)) bytes += tree_bytes((fs::path(path) / name).string(), env);
+  return bytes;
+}
+
 }  // namespace
 
 NodeLayout node_layout_from_env(int64_t world_size) {
@@ -227,6 +237,13 @@ void MemoryTier::clear() {
     prune_directory(r.replica_directory(*source()), 0, r.env());
     r.env().remove_tree(r.replica_directory(*source()));
   }
+}
+
+int64_t MemoryTier::held_bytes() const {
+  const Rep& r = *rep_;
+  int64_t bytes = tree_bytes(r.own_directory(), r.env());
+  if (source()) bytes += tree_bytes(r.replica_directory(*source()), r.env());
+  return bytes;
 }
 
 }  // namespace stowage::dcp

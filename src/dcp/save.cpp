@@ -3,6 +3,7 @@
 #include "dcp/format/plan_codec.h"
 #include "dcp/pending_save.h"
 #include "dcp/rank_outcomes.h"
+#include "dcp/staging_waves.h"
 #include "dcp/storage/file_io.h"
 #include "util/intra_op_threads.h"
 
@@ -28,17 +29,23 @@ namespace stowage::dcp {
 namespace {
 
 // What a rank saves: its plan and the leaves the plan indexes (the writer releases
-// them as it writes).
+// them as it writes). With waves, the leaves are the source's, staged wave by wave as
+// they are written.
 struct LocalSave {
   SavePlan plan;
   std::vector<c10::IValue> data;
+  std::shared_ptr<detail::StagingWaves> waves;
 };
+
+std::vector<WriteResult> write_local(StorageWriter& writer, const SavePlan& plan, LocalSave& local) {
+  return local.waves ? local.waves->write(writer, plan, local.data) : writer.write_data(plan, local.data);
+}
 
 // Plans `state`. Callers pass a temporary, gone once the plan is made: buffers that
 // nobody but the plan's data holds (an uncached stager's snapshot) are freed as they
 // are written.
 LocalSave plan_local_save(const SaveableState& state, int64_t rank) {
-  LocalSave local{create_local_save_plan(state, rank), {}};
+  LocalSave local{create_local_save_plan(state, rank), {}, nullptr};
   local.data.reserve(state.leaves().size());
   for (const FlatEntry& entry : state.leaves().entries()) local.data.push_back(entry.value);
   return local;
@@ -53,7 +60,7 @@ Metadata run_local_save(LocalSave local, StorageWriter& writer) {
     global.metadata.save_id = detail::new_save_id();
     std::vector<SavePlan> final_plans = writer.prepare_global_plan(std::move(global.plans), global.metadata);
     std::vector<std::vector<WriteResult>> results;
-    results.push_back(writer.write_data(final_plans.at(0), local.data));
+    results.push_back(write_local(writer, final_plans.at(0), local));
     record_write_results(global.metadata, results);
     writer.finish(global.metadata);
     return global.metadata;
@@ -154,7 +161,7 @@ Metadata run_distributed_save(const std::function<LocalSave()>& prepare, Storage
                     : detail::attempt([&] {
                         const detail::RankAssignment mine = detail::decode_assignment(my_plan.payload);
                         const std::vector<ReplicaHash> hashes = hash_replicas(mine.replicas, local.data, rank);
-                        return detail::encode_writes(writer.write_data(mine.plan, local.data), hashes);
+                        return detail::encode_writes(write_local(writer, mine.plan, local), hashes);
                       });
     const std::vector<detail::RankOutcome> gathered_results = detail::gather_outcomes(group, written, kCoordinator);
     verdict_pending = true;
@@ -266,9 +273,11 @@ struct AsyncSavePromises {
 
 // What the caller's thread hands the background save: the snapshot (taken, or its
 // future while the stager stages in the background), or the error that stopped it.
+// With a staging budget, the waves and, as `snapshot`, the source they stage.
 struct StagingOutcome {
   std::optional<std::shared_future<SaveableState>> background;
   SaveableState snapshot;
+  std::shared_ptr<detail::StagingWaves> waves;
   std::exception_ptr error;
 };
 
@@ -280,6 +289,11 @@ StagingOutcome start_staging(const StateDict& state, AsyncStager& stager, const 
   StagingOutcome outcome;
   try {
     const SaveableState source = detail::copy_before_return(SaveableState(state), options);
+    if (options.staging_budget_bytes() > 0) {
+      outcome.waves = std::make_shared<detail::StagingWaves>(source.leaves(), options.staging_budget_bytes());
+      outcome.snapshot = source;
+      return outcome;
+    }
     outcome.background = stager.stage_in_background(source);
     if (!outcome.background) outcome.snapshot = stager.stage(source);
   } catch (...) {
@@ -321,11 +335,13 @@ class BackgroundSave {
     std::exception_ptr failure;
     try {
       await_snapshot();
+      if (staging_.waves) staging_.waves->set_on_staged([this] { settle_waves(nullptr); });
       if (turn_.previous_save.valid()) turn_.previous_save.wait();
       committed = run_save([this] { return prepare(); }, writer_, turn_.group);
     } catch (...) {
       failure = std::current_exception();
     }
+    if (staging_.waves) settle_waves(failure);
     // Done with the writer: a save waiting for this one may start on it.
     PendingSaveAccess::finished(writer_);
     if (failure) {
@@ -358,7 +374,21 @@ class BackgroundSave {
 
   LocalSave prepare() {
     if (staging_.error) std::rethrow_exception(staging_.error);
-    return plan_local_save(std::exchange(staging_.snapshot, SaveableState()), rank_);
+    LocalSave local = plan_local_save(std::exchange(staging_.snapshot, SaveableState()), rank_);
+    local.waves = staging_.waves;
+    return local;
+  }
+
+  // Completes the staging future of a save in waves, once: when its last wave is
+  // staged, or with the failure that came first.
+  void settle_waves(const std::exception_ptr& failure) {
+    if (waves_settled_) return;
+    waves_settled_ = true;
+    if (failure) {
+      promises_->staging.set_exception(failure);
+    } else {
+      promises_->staging.set_value();
+    }
   }
 
   StorageWriter& writer_;
@@ -366,6 +396,7 @@ class BackgroundSave {
   SaveTurn turn_;
   int64_t rank_;
   std::shared_ptr<AsyncSavePromises> promises_;
+  bool waves_settled_ = false;
 };
 
 // Runs `save` on a thread of its own, joined when the last copy of the response goes.
@@ -397,7 +428,7 @@ AsyncSaveResponse async_save(const StateDict& state, StorageWriter& writer, Asyn
   AsyncSaveResponse response{promises->staging.get_future().share(), promises->upload.get_future().share(), nullptr,
                              nullptr};
   StagingOutcome staging = start_staging(state, *chosen, options, /*keep_error=*/group.has_value());
-  const bool staged_now = !staging.background && !staging.error;
+  const bool staged_now = !staging.background && !staging.waves && !staging.error;
   SaveTurn turn = take_turn(group, response.upload_completion);
   PendingSaveAccess::begin(writer, *chosen, response.upload_completion);
   const int64_t rank = group ? group->rank() : 0;

@@ -34,16 +34,21 @@ std::atomic<int64_t> g_pinned{0};
 std::atomic<int64_t> g_shared{0};
 std::atomic<int64_t> g_checkpoint{0};
 std::atomic<int64_t> g_optimizer{0};
+std::atomic<int64_t> g_checkpoint_peak{0};
+
+void raise_to(std::atomic<int64_t>& peak, int64_t now) {
+  int64_t seen = peak.load();
+  while (now > seen && !peak.compare_exchange_weak(seen, now)) {
+  }
+}
 
 void account(int64_t delta, bool pinned, bool shared, HostBufferUse use) {
   const int64_t now = g_current.fetch_add(delta) + delta;
   if (pinned) g_pinned.fetch_add(delta);
   if (shared) g_shared.fetch_add(delta);
-  if (use == HostBufferUse::kCheckpoint) g_checkpoint.fetch_add(delta);
+  if (use == HostBufferUse::kCheckpoint) raise_to(g_checkpoint_peak, g_checkpoint.fetch_add(delta) + delta);
   if (use == HostBufferUse::kOptimizer) g_optimizer.fetch_add(delta);
-  int64_t peak = g_peak.load();
-  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
-  }
+  raise_to(g_peak, now);
 }
 
 bool pin(void* data, size_t nbytes) {
@@ -215,11 +220,13 @@ std::vector<at::Tensor> allocate_host_tensors(const std::vector<HostTensorSpec>&
 }
 
 HostBufferStats host_buffer_stats() {
-  return {g_current.load(), g_peak.load(), g_pinned.load(), g_shared.load(), g_checkpoint.load(), g_optimizer.load()};
+  return {g_current.load(),    g_peak.load(),      g_pinned.load(),         g_shared.load(),
+          g_checkpoint.load(), g_optimizer.load(), g_checkpoint_peak.load()};
 }
 
 void reset_peak_host_buffer_stats() {
   g_peak.store(g_current.load());
+  g_checkpoint_peak.store(g_checkpoint.load());
 }
 
 }  // namespace stowage::memory

@@ -28,6 +28,7 @@ void step_fields(Step& r, Field&& field) {
   field("gradient_bytes", r.gradient_bytes);
   field("checkpoint_host_bytes", r.checkpoint_host_bytes);
   field("optimizer_host_bytes", r.optimizer_host_bytes);
+  field("checkpoint_host_peak_bytes", r.checkpoint_host_peak_bytes);
 }
 
 template <typename Summary, typename Field>
@@ -41,6 +42,8 @@ void summary_fields(Summary& s, Field&& field) {
   field("peak_step_bytes", s.peak_step_bytes);
   field("optimizer_resident_bytes", s.optimizer_resident_bytes);
   field("gradient_bytes", s.gradient_bytes);
+  field("checkpoint_host_peak_bytes", s.checkpoint_host_peak_bytes);
+  field("checkpoint_host_budget_bytes", s.checkpoint_host_budget_bytes);
   field("exit_status", s.exit_status);
 }
 
@@ -128,6 +131,7 @@ void MetricsFile::checkpoint(const dcp::SaveReport& r) {
                         {"staged_ms", r.blocked_s * 1e3},
                         {"committed_gbps", committed_gbps(r)},
                         {"bytes", r.bytes},
+                        {"host_peak_bytes", r.host_peak_bytes},
                         {"path", r.path}}
              .dump());
 }

@@ -8,6 +8,7 @@
 #include <stowage/state/stateful.h>
 #include <stowage/state/training_progress.h>
 
+#include "train/checkpoint_host_budget.h"
 #include "util/intra_op_threads.h"
 
 #include <ATen/ops/full.h>
@@ -20,6 +21,7 @@
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <unordered_set>
 #include <vector>
 
@@ -43,6 +45,24 @@ dcp::MemoryTierOptions memory_tier_options(const TrainerOptions& options) {
   dcp::MemoryTierOptions memory = options.memory_checkpoints();
   if (memory.directory().empty()) memory.directory(default_memory_directory(options.run_dir()));
   return memory;
+}
+
+void check_host_budget_options(const TrainerOptions& options) {
+  const int64_t budget = options.checkpoint_host_budget_bytes();
+  if (budget < 0) {
+    throw InvalidArgument(
+        fmt::format("TrainerOptions: checkpoint_host_budget_bytes must not be negative, got {}", budget));
+  }
+  if (budget > 0 && options.checkpoints().save_every() == 0) {
+    throw InvalidArgument(fmt::format(
+        "TrainerOptions: checkpoint_host_budget_bytes {} needs checkpoints (save_every > 0) to bound", budget));
+  }
+  if (budget > 0 && options.checkpoints().save_options().staging_budget_bytes() != 0) {
+    throw InvalidArgument(
+        fmt::format("TrainerOptions: checkpoint_host_budget_bytes {} sets the staging budget; checkpoints' "
+                    "save_options().staging_budget_bytes {} must stay 0",
+                    budget, options.checkpoints().save_options().staging_budget_bytes()));
+  }
 }
 
 void check_options(const TrainerOptions& options) {
@@ -70,6 +90,7 @@ void check_options(const TrainerOptions& options) {
     throw InvalidArgument(
         fmt::format("TrainerOptions: tokens_per_step must not be negative, got {}", options.tokens_per_step()));
   }
+  check_host_budget_options(options);
 }
 
 // The bytes of the storages behind `tensors`, each counted once: a gradient that is a
@@ -131,8 +152,11 @@ struct Trainer::Rep {
   void save_to_memory_if_due(int64_t step);
   void start_from_other_checkpoint();
   void measure_step(StepRecord& record);
+  void plan_host_budget();
+  void measure_checkpoint_host();
   void save_if_due(int64_t step);
-  void report(const std::vector<dcp::SaveReport>& saves);
+  // Measures the host bytes checkpointing holds, then reports each save with its peak.
+  void report(std::vector<dcp::SaveReport> saves);
   void preempt(bool trained);
   StateDict live_state();
   void message(const std::string& text) const {
@@ -157,6 +181,10 @@ struct Trainer::Rep {
   int64_t baseline_bytes = 0;  // the parameters and what came before them
   int64_t before_forward_bytes = 0;
   RunSummary summary;
+  // The host bytes checkpointing held at their peak: since the last measurement, and
+  // for each save not reported yet (by step), since it started.
+  int64_t checkpoint_host_peak = 0;
+  std::map<int64_t, int64_t> save_host_peaks;
   bool trained_any = false;
   std::optional<std::pair<int64_t, std::string>> last_save_error;  // its step and error
   Clock::time_point run_start, last_step_end;
@@ -301,8 +329,11 @@ void Trainer::Rep::start_from_other_checkpoint() {
                       from_trainer ? "model, optimizer and progress" : "model; a fresh optimizer", progress->step()));
 }
 
-void Trainer::Rep::report(const std::vector<dcp::SaveReport>& saves) {
-  for (const dcp::SaveReport& save : saves) {
+void Trainer::Rep::report(std::vector<dcp::SaveReport> saves) {
+  measure_checkpoint_host();
+  for (dcp::SaveReport& save : saves) {
+    save.host_peak_bytes = save_host_peaks[save.step];
+    save_host_peaks.erase(save.step);
     // Every rank sees the same outcome of each save: every rank ends with the same status.
     last_save_error.reset();
     if (!save.committed) last_save_error.emplace(save.step, save.error);
@@ -313,7 +344,9 @@ void Trainer::Rep::report(const std::vector<dcp::SaveReport>& saves) {
 void Trainer::Rep::save_if_due(int64_t step) {
   // The last step is saved too, so that a resumed run continues from where this one ended.
   const bool last_step = options.checkpoints().save_every() > 0 && step == options.steps();
-  if (checkpoints->should_save(step) || last_step) checkpoints->save(step, live_state(), /*force=*/last_step);
+  if (checkpoints->should_save(step) || last_step) {
+    if (checkpoints->save(step, live_state(), /*force=*/last_step)) save_host_peaks[step] = 0;
+  }
 }
 
 // Ends a preempted run: saves the step it is on (unless the run has no checkpoints, or
@@ -327,6 +360,7 @@ void Trainer::Rep::preempt(bool trained) {
     saved = "no checkpoint: the run saves none";
   } else if (trained) {
     message(fmt::format("{}: saving step {} before exiting", signal, progress->step()));
+    save_host_peaks.emplace(progress->step(), 0);
     report(checkpoints->save_now(progress->step(), live_state()));
     if (last_save_error) {
       throw Error(fmt::format("{}: the checkpoint of step {} failed, the run ends without it: {}", signal,
@@ -356,6 +390,42 @@ void Trainer::Rep::measure_step(StepRecord& record) {
   const memory::HostBufferStats host = memory::host_buffer_stats();
   record.checkpoint_host_bytes = host.checkpoint_bytes;
   record.optimizer_host_bytes = host.optimizer_bytes;
+}
+
+// Splits the host budget between the memory tier's reserve and staging, which the
+// checkpoints' saves then keep to; refuses a budget too small, before the first step,
+// the same on every rank (the largest replica is any rank's).
+void Trainer::Rep::plan_host_budget() {
+  const int64_t budget = options.checkpoint_host_budget_bytes();
+  if (budget == 0) return;
+  const dcp::StagingFootprint footprint = detail::first_save_footprint(live_state(), optimizer->local_optimizer());
+  const int64_t own_bytes = detail::checkpoint_file_bytes(footprint);
+  int64_t largest_bytes = own_bytes;
+  if (world.group) {
+    for (const std::string& bytes : world.group->all_gather(std::to_string(own_bytes))) {
+      largest_bytes = std::max<int64_t>(largest_bytes, std::stoll(bytes));
+    }
+  }
+  run_agreed(world.group, [&] {
+    int64_t tier_reserve = 0;
+    if (options.memory_checkpoints().save_every() > 0) {
+      const bool replicated = dcp::node_layout_from_env(world.size).ranks_per_node < world.size;
+      tier_reserve = detail::memory_tier_reserve(options.memory_checkpoints().keep_last(), own_bytes,
+                                                 replicated ? std::optional<int64_t>(largest_bytes) : std::nullopt);
+    }
+    options.checkpoints().save_options().staging_budget_bytes(detail::staging_budget(budget, footprint, tier_reserve));
+  });
+  summary.checkpoint_host_budget_bytes = budget;
+}
+
+// Host bytes checkpointing holds, measured: the staging buffers' high-water mark since
+// the last measurement and the memory tier's files now.
+void Trainer::Rep::measure_checkpoint_host() {
+  const int64_t staging_peak = memory::host_buffer_stats().checkpoint_peak_bytes;
+  memory::reset_peak_host_buffer_stats();
+  checkpoint_host_peak = staging_peak + (memory_tier ? memory_tier->held_bytes() : 0);
+  summary.checkpoint_host_peak_bytes = std::max(summary.checkpoint_host_peak_bytes, checkpoint_host_peak);
+  for (auto& [step, peak] : save_host_peaks) peak = std::max(peak, checkpoint_host_peak);
 }
 
 Trainer::Trainer(TrainerOptions options) : rep_(std::make_unique<Rep>(std::move(options))) {
@@ -402,6 +472,7 @@ void Trainer::prepare(std::shared_ptr<torch::nn::Module> model, const OptimizerF
   }
   r.model = std::move(model);
   r.make_optimizer(make_optimizer, std::move(data));
+  r.plan_host_budget();
   r.claim_run_directory();
   const std::string blas_conflict = util::blas_thread_conflict();
   if (!blas_conflict.empty() && r.events) r.events->warning(blas_conflict);
@@ -470,6 +541,7 @@ bool Trainer::end_step(int64_t step, double loss) {
   r.save_to_memory_if_due(step);
   r.save_if_due(step);
   r.report(r.checkpoints->poll());
+  record.checkpoint_host_peak_bytes = r.checkpoint_host_peak;
   if (!r.trained_any) r.summary.first_loss = loss;
   r.trained_any = true;
   r.summary.last_step = step;

@@ -66,6 +66,7 @@ train::TrainerOptions trainer_options(const TrainOptions& options, c10::Device d
                        .on_save_failure(on_failure)
                        .max_consecutive_failures(options.max_save_failures))
       .memory_checkpoints(dcp::MemoryTierOptions(options.memory_ckpt_dir).save_every(options.memory_ckpt_every))
+      .checkpoint_host_budget_bytes(options.ckpt_host_budget.empty() ? 0 : *parse_byte_size(options.ckpt_host_budget))
       .preemption(dist::PreemptionOptions().signals(signals).grace(*parse_duration(options.preempt_grace)))
       .swap(swap)
       .zero_stage(options.zero_stage)

@@ -111,6 +111,13 @@ struct AsyncSaveOptions {
   // false: stage the Statefuls' entries_written_in_forward() in the background with the
   // rest, for a caller that changes nothing until staging completes.
   TORCH_ARG(bool, copy_forward_state_before_return) = true;
+  // Host bytes staging may hold (0: no bound). A state whose tensors take more
+  // (dcp::staging_footprint) is staged in waves that fit, each written before the next
+  // reuses the buffers, instead of by the stager; staging_completion is then ready once
+  // the last wave is staged, and the last wave is written in the background. A tensor is
+  // staged whole: an entry larger than the budget fails the save (InvalidArgument naming
+  // it and the smallest budget that fits). Checksums and the commit rule are unchanged.
+  TORCH_ARG(int64_t, staging_budget_bytes) = 0;
 };
 
 // PyTorch returns this only when staging itself is asynchronous, and the upload future

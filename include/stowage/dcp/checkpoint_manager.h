@@ -117,6 +117,10 @@ struct SaveReport {
   int64_t bytes = 0;     // of the chunks written, by every rank; 0 if it failed
   double blocked_s = 0;  // the caller was blocked: in save() and wait_for_staging()
   double commit_s = 0;   // from save() until it committed or failed
+  // The host bytes checkpointing held at their peak while this save was in flight
+  // (staging buffers and the memory tier's files), as train::Trainer measures them;
+  // 0 outside a Trainer.
+  int64_t host_peak_bytes = 0;
 };
 
 // A committed checkpoint that restore() skipped because it could not be read.

@@ -161,6 +161,9 @@ class MemoryTier {
 
   // Removes this rank's own checkpoints and the replicas it holds (a run that ended).
   void clear();
+  // The bytes of the files of this rank's own checkpoints and of the replicas it holds,
+  // as the file system reports them now: the host memory the tier takes on this rank.
+  int64_t held_bytes() const;
 
  private:
   struct Rep;

@@ -21,10 +21,25 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <unordered_map>
 
 namespace stowage::dcp {
+
+// What staging `state` takes in host memory, the figures a budget is checked against
+// (AsyncSaveOptions::staging_budget_bytes): every tensor entry is staged whole, into a
+// buffer at a memory::kHostArenaAlignment boundary.
+struct StagingFootprint {
+  int64_t entries = 0;              // tensor entries
+  int64_t total_bytes = 0;          // every tensor entry's
+  int64_t largest_entry_bytes = 0;  // the smallest budget that fits: waves of one entry
+  std::string largest_entry;        // its name (fqn)
+};
+StagingFootprint staging_footprint(const SaveableState& state);
+
+// "1048576 bytes (1.0 MiB)": a byte count in bytes and binary units, for messages.
+std::string describe_bytes(int64_t bytes);
 
 // The staging protocol async_save drives.
 class AsyncStager {

@@ -72,6 +72,8 @@ struct HostBufferStats {
   int64_t shared_bytes = 0;      // of current_bytes, those memfd-backed
   int64_t checkpoint_bytes = 0;  // of current_bytes, HostBufferUse::kCheckpoint's
   int64_t optimizer_bytes = 0;   // of current_bytes, HostBufferUse::kOptimizer's
+  // The most checkpoint_bytes reached since the last reset_peak_host_buffer_stats().
+  int64_t checkpoint_peak_bytes = 0;
 };
 HostBufferStats host_buffer_stats();
 void reset_peak_host_buffer_stats();

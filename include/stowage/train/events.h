@@ -10,19 +10,19 @@
 // killed run loses at most the line being written:
 //   {"event": "step", "step", "loss", "tokens_per_s", "step_s", "peak_activation_bytes",
 //    "peak_step_bytes", "optimizer_resident_bytes", "gradient_bytes",
-//    "checkpoint_host_bytes", "optimizer_host_bytes",
+//    "checkpoint_host_bytes", "optimizer_host_bytes", "checkpoint_host_peak_bytes",
 //    "tiers": {"memory": {"step", "ms"}, "replica": {"step", "ms"}, "storage": {"step",
 //              "ms"}}}  (each tier's newest save, CheckpointTiers, and its time: the
 //              write into memory, the replication, the storage's commit; a tier
 //              without a save yet is left out)
-//   {"event": "checkpoint", "step", "staged_ms", "committed_gbps", "bytes", "path"}
+//   {"event": "checkpoint", "step", "staged_ms", "committed_gbps", "bytes", "host_peak_bytes", "path"}
 //   {"event": "memory_checkpoint", "step", "bytes", "save_ms", "replicate_ms",
 //    "replicated", "error"} ("memory_checkpoint_failed" when error is not empty)
 //   {"event": "restore", "step", "tier", "fetched_ranks", "skipped"}
 //   {"event": "checkpoint_failed", "step", "path", "error"}
 //   {"event": "end", "first_step", "last_step", "seconds", "first_loss", "last_loss",
 //    "peak_activation_bytes", "peak_step_bytes", "optimizer_resident_bytes",
-//    "gradient_bytes", "exit_status"}
+//    "gradient_bytes", "checkpoint_host_peak_bytes", "checkpoint_host_budget_bytes", "exit_status"}
 
 #include <stowage/dcp/checkpoint_manager.h>
 #include <stowage/dcp/memory_tier.h>
@@ -47,6 +47,9 @@ struct StepRecord {
   int64_t gradient_bytes = 0;            // gradients in device memory between steps
   int64_t checkpoint_host_bytes = 0;     // host buffers of checkpoint staging
   int64_t optimizer_host_bytes = 0;      // host buffers of the optimizer's swapped states
+  // Host bytes checkpointing held at their peak since the step before: the staging
+  // buffers' high-water mark (memory::host_buffer_stats) plus the memory tier's files.
+  int64_t checkpoint_host_peak_bytes = 0;
 };
 
 // A committed save's throughput: its bytes over the time from save() to its commit, in
@@ -75,7 +78,9 @@ struct RunSummary {
   int64_t peak_step_bytes = 0;
   int64_t optimizer_resident_bytes = 0;  // after the last step
   int64_t gradient_bytes = 0;
-  int exit_status = 0;  // Trainer::finish()'s
+  int64_t checkpoint_host_peak_bytes = 0;    // the largest of any step
+  int64_t checkpoint_host_budget_bytes = 0;  // TrainerOptions::checkpoint_host_budget_bytes
+  int exit_status = 0;                       // Trainer::finish()'s
 };
 
 // A "step" or "end" line of metrics.jsonl read back (what a program that ran training

@@ -87,6 +87,16 @@ struct TrainerOptions {
   // A resume restores the newest step every rank can get from memory, a peer's replica
   // or storage; a run that ends with every step trained removes its memory checkpoints.
   TORCH_ARG(dcp::MemoryTierOptions, memory_checkpoints) = {};
+  // Host memory each rank's checkpointing may hold (0: no bound): the staging of storage
+  // saves plus the memory tier's own checkpoints and replicas. The tier's share is
+  // reserved for its most (keep_last + 1 checkpoints of this rank's state, as many
+  // replicas of its source's while it has a peer); staging gets the rest
+  // (AsyncSaveOptions::staging_budget_bytes) and stages in waves that fit. A budget
+  // smaller than the largest entry plus the tier's share is refused by prepare(), before
+  // the first step, naming the smallest that fits. Until the optimizer's first step its
+  // state is taken to be AdamW's: two fp32 tensors of each of this rank's parameters. Not
+  // with checkpoints().save_options().staging_budget_bytes().
+  TORCH_ARG(int64_t, checkpoint_host_budget_bytes) = 0;
   TORCH_ARG(dist::PreemptionOptions, preemption) = {};
   // The optimizer state swapped to host memory or disk between steps (optim/swap_config.h).
   TORCH_ARG(std::optional<optim::SwapOptimizerConfig>, swap) = std::nullopt;
