@@ -59,18 +59,15 @@ ActivationCheckpointing fit_activation_budget(LanguageModel& model, const TrainO
 }  // namespace
 
 train::RunConfig run_config(const TrainOptions& options) {
-  train::RunConfig config{{"--corpus", options.corpus},
-                          {"--batch", std::to_string(options.batch)},
-                          {"--seq-len", std::to_string(options.seq_len)},
-                          {"--layers", std::to_string(options.layers)},
-                          {"--width", std::to_string(options.width)},
-                          {"--heads", std::to_string(options.heads)},
-                          {"--seed", std::to_string(options.seed)},
-                          {"--optimizer-update", options.optimizer_update},
-                          {"--offload-fraction", fmt::format("{}", options.offload_fraction)}};
-  // Recorded only when set, so that a run from before the flag resumes unchanged.
-  if (!options.ckpt_host_budget.empty()) config["--ckpt-host-budget"] = options.ckpt_host_budget;
-  return config;
+  return {{"--corpus", options.corpus},
+          {"--batch", std::to_string(options.batch)},
+          {"--seq-len", std::to_string(options.seq_len)},
+          {"--layers", std::to_string(options.layers)},
+          {"--width", std::to_string(options.width)},
+          {"--heads", std::to_string(options.heads)},
+          {"--seed", std::to_string(options.seed)},
+          {"--optimizer-update", options.optimizer_update},
+          {"--offload-fraction", fmt::format("{}", options.offload_fraction)}};
 }
 
 LanguageModel make_model(const TrainOptions& options) {
