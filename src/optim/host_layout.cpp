@@ -55,7 +55,7 @@ std::vector<Unit> SwapOptimizer::Rep::collect_units() {
       unit.index = this_index;
       unit.group = g;
       unit.param = param;
-      unit.has_grad = param.grad().defined();
+      unit.has_grad = has_gradient(param);
       unit.state = detail::param_state(*adapter_, *state);
       for (StateTensor& tensor : unit.state.tensors) {
         tensor.swapped = layout_->holds(*tensor.holder) && bound.insert(tensor.holder->unsafeGetTensorImpl()).second;

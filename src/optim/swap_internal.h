@@ -96,6 +96,10 @@ struct SwapOptimizer::Rep {
   // The parameters that have state, in group order, their state tensors bound to the
   // host layout.
   std::vector<detail::Unit> collect_units();
+  // Whether `param` has a gradient for step(): its .grad(), or one the host update holds.
+  bool has_gradient(const at::Tensor& param) const;
+  // The host update's share of the parameters (detail::host_share).
+  std::vector<at::Tensor> host_share() const;
   // Which state tensors of `units` belong in the host layout, and where their contents come
   // from. `pending` lists the (parameter, slot) pairs created for this step that are to be
   // swapped: their holders are still undefined.

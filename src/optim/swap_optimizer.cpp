@@ -114,7 +114,10 @@ SwapOptimizer::Rep::Rep(std::shared_ptr<torch::optim::Optimizer> optimizer, Swap
     disk_->stats.io_path = disk_->io->path();
   }
   engine_ = std::make_unique<memory::CopyEngine>(device_, env_);
-  if (config_.update_on_host()) host_update_ = std::make_unique<detail::HostUpdate>();
+  if (config_.update_on_host()) {
+    host_update_ = std::make_unique<detail::HostUpdate>(*engine_, config_.offload_gradients_in_backward());
+    host_update_->watch(host_share());
+  }
   layout_ = std::make_unique<detail::HostLayout>();
 
   // States created before wrapping go to the host now, so that they hold no device memory
@@ -141,6 +144,7 @@ at::Tensor SwapOptimizer::step(const torch::optim::Optimizer::LossClosure& closu
 
 void SwapOptimizer::zero_grad() {
   rep_->optimizer_->zero_grad();
+  if (rep_->host_update_) rep_->host_update_->discard_gradients();
 }
 
 torch::optim::Optimizer& SwapOptimizer::optimizer() {
@@ -322,7 +326,7 @@ void SwapOptimizer::Rep::create_first_step_states() {
   for (auto& group : groups) {
     const bool amsgrad = amsgrad_of(family_, group.options());
     for (const at::Tensor& param : group.params()) {
-      if (!param.grad().defined() || detail::find_state(states, param) != nullptr) continue;
+      if (!has_gradient(param) || detail::find_state(states, param) != nullptr) continue;
       auto state = adapter_->new_state();
       const c10::ScalarType dtype = adapter_->state_dtype(param);
       for (const StateTensor& tensor : detail::param_state(*adapter_, *state).tensors) {
@@ -368,9 +372,12 @@ at::Tensor SwapOptimizer::Rep::step(const torch::optim::Optimizer::LossClosure& 
   // Packed mode moves contiguous host ranges, so it carries the states of parameters
   // without a gradient along (unchanged); per-tensor mode leaves them on the host.
   std::vector<Unit> units = collect_units();
+  std::vector<at::Tensor> share;
   if (host_update_) {
-    std::vector<Unit> on_host = detail::take_host_units(units, optimizer_->param_groups(), config_.offload_fraction());
-    host_update_->run(*engine_, on_host, [this](Unit& unit, const at::Tensor& param, const at::Tensor& grad) {
+    share = host_share();
+    std::vector<Unit> on_host = detail::take_host_units(units, share);
+    for (const Unit& unit : units) host_update_->restore_gradient(unit.param);
+    host_update_->run(on_host, [this](Unit& unit, const at::Tensor& param, const at::Tensor& grad) {
       update_unit(
           unit, [](const StateTensor& tensor) { return *tensor.holder; }, param, grad, /*on_host=*/true);
     });
@@ -403,7 +410,17 @@ at::Tensor SwapOptimizer::Rep::step(const torch::optim::Optimizer::LossClosure& 
                             [this](Unit& unit, const auto& swapped_state) {
                               update_unit(unit, swapped_state, unit.param, unit.param.grad(), /*on_host=*/false);
                             });
+  // The share as the param groups now have it, for the next backward.
+  if (host_update_) host_update_->watch(share);
   return {};
+}
+
+bool SwapOptimizer::Rep::has_gradient(const at::Tensor& param) const {
+  return host_update_ ? host_update_->has_gradient(param) : param.grad().defined();
+}
+
+std::vector<at::Tensor> SwapOptimizer::Rep::host_share() const {
+  return detail::host_share(optimizer_->param_groups(), config_.offload_fraction(), config_.min_numel());
 }
 
 std::vector<int64_t> SwapOptimizer::Rep::disk_batches(const std::vector<Unit>& units,

@@ -68,7 +68,11 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<at::Tensor> params,
         share.size()));
   }
   if (options.swap()) {
-    swap_ = swap_optimizer(local_, *options.swap());
+    SwapOptimizerConfig swap = *options.swap();
+    // With a group the gradients are reduced between backward and step(), so the host
+    // update takes them at step(), once reduced.
+    if (group_) swap.offload_gradients_in_backward(false);
+    swap_ = swap_optimizer(local_, swap);
     local_state_ = swap_;
   } else {
     local_state_ = c10::make_intrusive<OptimizerState>(local_);
@@ -106,6 +110,7 @@ std::vector<int64_t> ZeroRedundancyOptimizer::owners() const {
 
 void ZeroRedundancyOptimizer::zero_grad() {
   for (at::Tensor& p : params_) p.mutable_grad().reset();
+  if (swap_) swap_->zero_grad();  // and the gradients its update on the host holds
 }
 
 void ZeroRedundancyOptimizer::broadcast_shares() {

@@ -53,5 +53,20 @@ TEST(TrainHostUpdate, ResumingOnTheSimulatedDeviceEndsAsTheUninterruptedRun) {
   }
 }
 
+// On a device the host's share of the gradients leaves the device during backward: the
+// only gradients left there are those of the parameters updated on the device, the ones
+// below min_numel (whose two states stay there too) or, half offloaded, the other half.
+TEST(TrainHostUpdate, TheHostsGradientsLeaveTheDevice) {
+  if (!build_info().with_sim) GTEST_SKIP() << "the simulated device needs LibTorch 2.x";
+  RunDir all, half;
+  ASSERT_EQ(train(all, "--steps 2 --device sim --optimizer-update host").status, 0);
+  ASSERT_EQ(train(half, "--steps 2 --device sim --optimizer-update host --offload-fraction 0.5").status, 0);
+  const json all_step = last_step_record(all);
+  EXPECT_EQ(all_step["gradient_bytes"].get<int64_t>() * 2, all_step["optimizer_resident_bytes"].get<int64_t>())
+      << all_step.dump();
+  EXPECT_GT(last_step_record(half)["gradient_bytes"].get<int64_t>(), 4 * all_step["gradient_bytes"].get<int64_t>())
+      << last_step_record(half).dump();
+}
+
 }  // namespace
 }  // namespace stowage::testing

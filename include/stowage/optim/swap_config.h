@@ -77,6 +77,13 @@ struct SwapOptimizerConfig {
   // With update_on_host: the share of the parameters' bytes updated on the host, in [0, 1],
   // the first parameters in group order; the others go through the swap's batches.
   TORCH_ARG(double, offload_fraction) = 1.0;
+  // With update_on_host, on a device: each of those parameters' gradients is copied to the
+  // host as backward produces it and its device memory released (the parameter's .grad()
+  // is then undefined; step() uses the host's copy, and the sum over several backward
+  // passes). False: the gradients stay on the device until step() downloads them, for
+  // anything that must read or change them between backward and step() (a data-parallel
+  // reduction, clipping). docs/swap.md ("Gradients").
+  TORCH_ARG(bool, offload_gradients_in_backward) = true;
 
  public:
   // Throws stowage::InvalidArgument naming the offending option.

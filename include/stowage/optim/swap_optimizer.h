@@ -56,7 +56,11 @@ class SwapOptimizer final : public Stateful {
   // A failure once the updates have begun throws stowage::Error, naming the cause and the
   // parameters updated: each parameter is then either updated or as it was, and every
   // state on the host matches its parameter, so the next step() goes on from there.
+  // With update_on_host and offload_gradients_in_backward on a device, the gradients of
+  // the host's share are held on the host since backward (their .grad() undefined), and
+  // step() uses them up (docs/swap.md, "Gradients").
   at::Tensor step(const torch::optim::Optimizer::LossClosure& closure = nullptr);
+  // The wrapped optimizer's zero_grad(), and discards the gradients held on the host.
   void zero_grad();
 
   // The wrapped optimizer: it keeps owning the param groups and the state objects, whose
