@@ -141,6 +141,16 @@ TEST(BenchCapacity, FindsTheLargestModelOfEachWay) {
   EXPECT_EQ(row["stowage_host_update_layers"], 4) << row.dump();
   EXPECT_DOUBLE_EQ(row["stowage_host_over_plain"].get<double>(),
                    row["stowage_host_parameters"].get<double>() / row["plain_parameters"].get<double>());
+  // At plain's largest model: the swap leaves the states on the host, the update on the
+  // host the gradients too.
+  const json& device = result["device_bytes"];
+  EXPECT_EQ(device["layers"], row["plain_layers"]) << device.dump();
+  EXPECT_LT(device["stowage_host_device_bytes_per_parameter"].get<double>(),
+            device["plain_device_bytes_per_parameter"].get<double>())
+      << device.dump();
+  EXPECT_LT(device["stowage_host_update_device_bytes_per_parameter"].get<double>(),
+            device["stowage_host_device_bytes_per_parameter"].get<double>())
+      << device.dump();
 }
 
 }  // namespace
