@@ -2,8 +2,9 @@
 // (stowage/sim/sim.h) of a fixed capacity, the largest model of `stowage train`'s family
 // (its number of blocks, found by search) whose plain training fits (AdamW, no activation
 // checkpointing), against the largest that trains with stowage (each block checkpointed,
-// AdamW's state swapped to host memory or to disk, or updated on the host). Each size is actually trained, for a
-// few steps, by the real command in a child process: a size fits when the run finishes,
+// AdamW's state swapped to host memory or to disk, or updated on the host, with the
+// checkpoints' inputs kept on the device or, last, in host memory). Each size is actually
+// trained, for a few steps, by the real command in a child process: a size fits when the run finishes,
 // and does not when it exits with the status of a device out of memory. Then, for the
 // largest model plain AdamW trains, the device memory each mode needs (issue 41 item 4).
 // The simulator's time is no device's time: only sizes are reported.
@@ -51,7 +52,9 @@ struct CapacityBenchOptions {
   bool json = false;
 };
 
-enum class Mode { kPlain, kStowageHost, kStowageDisk, kStowageHostUpdate };
+enum class Mode { kPlain, kStowageHost, kStowageDisk, kStowageHostUpdate, kStowageHostUpdateOffloadedInputs };
+constexpr Mode kModes[] = {Mode::kPlain, Mode::kStowageHost, Mode::kStowageDisk, Mode::kStowageHostUpdate,
+                           Mode::kStowageHostUpdateOffloadedInputs};
 
 const char* mode_key(Mode mode) {
   switch (mode) {
@@ -63,6 +66,8 @@ const char* mode_key(Mode mode) {
       return "stowage_disk";
     case Mode::kStowageHostUpdate:
       return "stowage_host_update";
+    case Mode::kStowageHostUpdateOffloadedInputs:
+      return "stowage_host_update_offloaded_inputs";
   }
   return "";
 }
@@ -82,7 +87,10 @@ TrainRun train_on_sim(const CapacityBenchOptions& o, Mode mode, int64_t layers, 
   } else {
     train.recompute_segments = layers;
     train.swap_to = mode == Mode::kStowageDisk ? "disk:" + scratch.sub("swap") : "host";
-    if (mode == Mode::kStowageHostUpdate) train.optimizer_update = "host";
+    if (mode == Mode::kStowageHostUpdate || mode == Mode::kStowageHostUpdateOffloadedInputs) {
+      train.optimizer_update = "host";
+    }
+    train.offload_checkpoint_inputs = mode == Mode::kStowageHostUpdateOffloadedInputs;
     std::filesystem::create_directories(scratch.sub("swap"));
   }
   // In bytes: --capacity takes every size the tool's byte_size() reads ("1GB" too), the
@@ -94,7 +102,7 @@ TrainRun train_on_sim(const CapacityBenchOptions& o, Mode mode, int64_t layers, 
 // The model each of stowage's modes must train, against plain AdamW's, in parameters: the
 // swap's 3x (issue 28), the update on the host's 8x (issue 41).
 constexpr std::pair<const char*, double> kTargetsOverPlain[] = {
-    {"stowage_host", 3}, {"stowage_disk", 3}, {"stowage_host_update", 8}};
+    {"stowage_host", 3}, {"stowage_disk", 3}, {"stowage_host_update", 8}, {"stowage_host_update_offloaded_inputs", 8}};
 
 // Whether `layers` blocks train for o.train.steps steps on a sim device of `capacity` in `mode`:
 // the run ends with its last step, or exits with kOutOfMemoryStatus. Throws stowage::Error
@@ -148,7 +156,7 @@ nlohmann::json device_bytes_per_mode(const CapacityBenchOptions& o, int64_t laye
                                      const bench::Scratch& scratch) {
   const int64_t parameters = parameter_count(o, layers);
   nlohmann::json out{{"capacity", capacity}, {"layers", layers}, {"parameters", parameters}};
-  for (const Mode mode : {Mode::kPlain, Mode::kStowageHost, Mode::kStowageDisk, Mode::kStowageHostUpdate}) {
+  for (const Mode mode : kModes) {
     const TrainRun run = train_on_sim(o, mode, layers, capacity, scratch);
     if (!run.process.succeeded() || !run.records.end) {
       throw Error(fmt::format("bench capacity: `stowage train --layers {}` ({}) on {} did not finish: {}", layers,
@@ -170,7 +178,7 @@ nlohmann::json run_capacity_bench(const CapacityBenchOptions& o) {
   out["capacities"] = nlohmann::json::array();
   for (const std::string& capacity : o.capacities) {
     nlohmann::json row{{"capacity", capacity}};
-    for (const Mode mode : {Mode::kPlain, Mode::kStowageHost, Mode::kStowageDisk, Mode::kStowageHostUpdate}) {
+    for (const Mode mode : kModes) {
       const int64_t layers = largest_trainable(o, mode, capacity, scratch);
       row[std::string(mode_key(mode)) + "_layers"] = layers;
       row[std::string(mode_key(mode)) + "_parameters"] = parameter_count(o, layers);
@@ -208,6 +216,7 @@ std::string capacity_bench_text(const nlohmann::json& r) {
     out += line("stowage: checkpointing + swap to host", "stowage_host");
     out += line("stowage: checkpointing + swap to disk", "stowage_disk");
     out += line("stowage: checkpointing + update on host", "stowage_host_update");
+    out += line("stowage: + checkpoints' inputs in host memory", "stowage_host_update_offloaded_inputs");
     for (const auto& [side, target] : kTargetsOverPlain) {
       out += fmt::format("    target {} / plain >= {}: {:.2f} x, {}\n", side, target,
                          row[std::string(side) + "_over_plain"].get<double>(),
@@ -220,7 +229,7 @@ std::string capacity_bench_text(const nlohmann::json& r) {
       "  device memory each mode needs for {:.2f}M parameters ({} blocks, at {}): the parameters and the step's "
       "peak\n",
       d["parameters"].get<double>() / 1e6, d["layers"].get<int64_t>(), d["capacity"].get<std::string>());
-  for (const Mode mode : {Mode::kPlain, Mode::kStowageHost, Mode::kStowageDisk, Mode::kStowageHostUpdate}) {
+  for (const Mode mode : kModes) {
     const std::string key = mode_key(mode);
     out += fmt::format("    {:<44} {:8.2f} MiB, {:6.2f} bytes a parameter\n", key,
                        d[key + "_peak_device_bytes"].get<double>() / (1 << 20),

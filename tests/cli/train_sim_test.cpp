@@ -142,14 +142,16 @@ TEST(BenchCapacity, FindsTheLargestModelOfEachWay) {
   EXPECT_DOUBLE_EQ(row["stowage_host_over_plain"].get<double>(),
                    row["stowage_host_parameters"].get<double>() / row["plain_parameters"].get<double>());
   // At plain's largest model: the swap leaves the states on the host, the update on the
-  // host the gradients too.
+  // host the gradients too (at this size the activations' peak comes first, so no less),
+  // and the checkpoints' inputs in host memory take less again.
   const json& device = result["device_bytes"];
+  const auto per_parameter = [&device](const std::string& mode) {
+    return device[mode + "_device_bytes_per_parameter"].get<double>();
+  };
   EXPECT_EQ(device["layers"], row["plain_layers"]) << device.dump();
-  EXPECT_LT(device["stowage_host_device_bytes_per_parameter"].get<double>(),
-            device["plain_device_bytes_per_parameter"].get<double>())
-      << device.dump();
-  EXPECT_LT(device["stowage_host_update_device_bytes_per_parameter"].get<double>(),
-            device["stowage_host_device_bytes_per_parameter"].get<double>())
+  EXPECT_LT(per_parameter("stowage_host"), per_parameter("plain")) << device.dump();
+  EXPECT_LE(per_parameter("stowage_host_update"), per_parameter("stowage_host")) << device.dump();
+  EXPECT_LT(per_parameter("stowage_host_update_offloaded_inputs"), per_parameter("stowage_host_update"))
       << device.dump();
 }
 
