@@ -31,7 +31,8 @@ std::vector<std::string> metrics_lines(const std::string& path) {
 constexpr const char* kStepLine =
     R"({"event": "step", "step": 7, "loss": 2.5, "tokens_per_s": 1234.5, "step_s": 0.125, )"
     R"("peak_activation_bytes": 11, "peak_step_bytes": 12, "optimizer_resident_bytes": 13, "gradient_bytes": 14, )"
-    R"("checkpoint_host_bytes": 15, "optimizer_host_bytes": 16, "checkpoint_host_peak_bytes": 17})";
+    R"("checkpoint_host_bytes": 15, "optimizer_host_bytes": 16, "checkpoint_host_peak_bytes": 17, )"
+    R"("tiers": {}})";  // no save of any tier yet
 constexpr const char* kEndLine =
     R"({"event": "end", "first_step": 3, "last_step": 9, "seconds": 4.75, "first_loss": 5.5, "last_loss": 1.25, )"
     R"("peak_activation_bytes": 21, "peak_step_bytes": 22, "optimizer_resident_bytes": 23, "gradient_bytes": 24, )"
