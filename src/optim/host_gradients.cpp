@@ -15,18 +15,18 @@
 
 namespace stowage::optim::detail {
 
-using memory::CopyEvent;
-using memory::CopyLane;
-
-namespace {
-
-at::Tensor pinned_gradient_buffer(const at::Tensor& param, c10::DeviceType device_type) {
+at::Tensor pinned_host_like(const at::Tensor& like, c10::DeviceType device_type) {
   memory::HostAllocOptions options;
   options.pin_memory = true;  // where the device can pin; plain memory otherwise
   options.pin_for = device_type;
   options.use = memory::HostBufferUse::kOptimizer;
-  return memory::allocate_host(param.sizes(), param.scalar_type(), options);
+  return memory::allocate_host(like.sizes(), like.scalar_type(), options);
 }
+
+using memory::CopyEvent;
+using memory::CopyLane;
+
+namespace {
 
 // A gradient the host update can take as it is: dense, shaped and typed as its parameter,
 // on its device, and without a graph (create_graph). Any other stays on the device, where
@@ -68,7 +68,7 @@ struct HostGradients::State {
   void enqueue_download(Slot& slot, const at::Tensor& grad) {
     settle(slot);
     at::Tensor& into = slot.held ? slot.incoming : slot.host;
-    if (!into.defined()) into = pinned_gradient_buffer(slot.param, engine.device().type());
+    if (!into.defined()) into = pinned_host_like(slot.param, engine.device().type());
     engine.copy(CopyLane::kDeviceToHost, into, grad);
     slot.ready = engine.record(CopyLane::kDeviceToHost);
     slot.pending_add = slot.held;

@@ -32,6 +32,11 @@
 
 namespace stowage::optim::detail {
 
+// A host tensor of `like`'s sizes and dtype for the host update (its mirrors and held
+// gradients): pinned for `device_type` where that device can pin, counted as the
+// optimizer's host memory.
+at::Tensor pinned_host_like(const at::Tensor& like, c10::DeviceType device_type);
+
 class HostGradients {
  public:
   // REQUIRES: `engine` is not on the CPU and outlives this object.

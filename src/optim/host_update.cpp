@@ -17,14 +17,6 @@ using memory::CopyLane;
 
 namespace {
 
-at::Tensor mirror_tensor_like(const at::Tensor& tensor, c10::DeviceType device_type) {
-  memory::HostAllocOptions options;
-  options.pin_memory = true;  // where the device can pin; plain memory otherwise
-  options.pin_for = device_type;
-  options.use = memory::HostBufferUse::kOptimizer;
-  return memory::allocate_host(tensor.sizes(), tensor.scalar_type(), options);
-}
-
 bool mirror_matches(const at::Tensor& param, int64_t version, const void* data) {
   return param._version() == version && param.data_ptr() == data;
 }
@@ -116,7 +108,7 @@ HostUpdate::Mirror& HostUpdate::mirror_of(const Unit& unit) {
   if (!mirror.param.defined() || mirror.param.sizes() != unit.param.sizes() ||
       mirror.param.scalar_type() != unit.param.scalar_type()) {
     mirror = Mirror();
-    mirror.param = mirror_tensor_like(unit.param, engine_.device().type());
+    mirror.param = pinned_host_like(unit.param, engine_.device().type());
   }
   return mirror;
 }
@@ -165,7 +157,7 @@ void HostUpdate::run_on_device(std::vector<Unit>& units, const HostUnitUpdate& u
       mirror.version = -1;  // valid once the copy is known to have run
     }
     if (param.grad().defined()) {
-      if (!mirror.grad.defined()) mirror.grad = mirror_tensor_like(param, engine_.device().type());
+      if (!mirror.grad.defined()) mirror.grad = pinned_host_like(param, engine_.device().type());
       engine_.copy(CopyLane::kDeviceToHost, mirror.grad, param.grad().detach());
     }
     downloaded[u] = engine_.record(CopyLane::kDeviceToHost);
