@@ -185,6 +185,9 @@ struct Trainer::Rep {
   // for each save not reported yet (by step), since it started.
   int64_t checkpoint_host_peak = 0;
   std::map<int64_t, int64_t> save_host_peaks;
+  // The memory tier's files, measured after each call that changes them (a save, a
+  // restore), not at every step: listing them is file-system work.
+  int64_t memory_tier_bytes = 0;
   bool trained_any = false;
   std::optional<std::pair<int64_t, std::string>> last_save_error;  // its step and error
   Clock::time_point run_start, last_step_end;
@@ -254,6 +257,7 @@ StateDict Trainer::Rep::live_state() {
 void Trainer::Rep::restore_from_tiers() {
   StateDict state = live_state();
   const dcp::TierRestore restored = memory_tier->restore(state, *checkpoints);
+  memory_tier_bytes = memory_tier->held_bytes();
   for (const std::string& line : restored.skipped) message("resume: skipped " + line);
   if (events) events->restore(restored);
   if (!restored.step) {
@@ -269,6 +273,7 @@ void Trainer::Rep::restore_from_tiers() {
 void Trainer::Rep::save_to_memory_if_due(int64_t step) {
   if (!memory_tier || !memory_tier->should_save(step)) return;
   const dcp::MemorySaveReport report = memory_tier->save(step, live_state());
+  memory_tier_bytes = memory_tier->held_bytes();
   if (events) events->memory_checkpoint(report);
   if (!report.error.empty() && events) {
     events->warning(fmt::format("the memory checkpoint of step {} failed: {}", step, report.error));
@@ -419,11 +424,11 @@ void Trainer::Rep::plan_host_budget() {
 }
 
 // Host bytes checkpointing holds, measured: the staging buffers' high-water mark since
-// the last measurement and the memory tier's files now.
+// the last measurement and the memory tier's files as its last save or restore left them.
 void Trainer::Rep::measure_checkpoint_host() {
   const int64_t staging_peak = memory::host_buffer_stats().checkpoint_peak_bytes;
   memory::reset_peak_host_buffer_stats();
-  checkpoint_host_peak = staging_peak + (memory_tier ? memory_tier->held_bytes() : 0);
+  checkpoint_host_peak = staging_peak + memory_tier_bytes;
   summary.checkpoint_host_peak_bytes = std::max(summary.checkpoint_host_peak_bytes, checkpoint_host_peak);
   for (auto& [step, peak] : save_host_peaks) peak = std::max(peak, checkpoint_host_peak);
 }
