@@ -6,7 +6,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <xxhash.h>
+#include "dcp/format/hash_state.h"
 
 #include <algorithm>
 #include <map>

@@ -5,7 +5,7 @@
 #include <stowage/error.h>
 
 #include <fmt/format.h>
-#include <xxhash.h>
+#include "dcp/format/hash_state.h"
 
 #include <array>
 #include <cerrno>

@@ -9,7 +9,6 @@
 #include <stowage/error.h>
 
 #include <fmt/format.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>

@@ -9,7 +9,6 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>

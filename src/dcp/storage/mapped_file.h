@@ -12,7 +12,7 @@
 
 #include "dcp/storage/file_io.h"
 
-#include <xxhash.h>
+#include "dcp/format/hash_state.h"
 
 #include <cstddef>
 #include <cstdint>
