@@ -40,14 +40,14 @@ struct MemoryTierBenchResult {
   int64_t ranks_per_node = 0;
   int64_t bytes_per_rank = 0;  // the state's tensors
   // Each time is the slowest rank's, the median of the rounds.
-  double memory_save_s = 0;       // MemoryTier::save: the caller is blocked all along
-  double memory_write_s = 0;      // of which the write into the node's memory
-  double memory_replicate_s = 0;  // of which the exchange with the peers and the replica's write
-  double storage_block_s = 0;     // CheckpointManager::save + wait_for_staging: the caller blocked
-  double storage_commit_s = 0;    // from save() until committed (fsync'd)
-  double restore_memory_s = 0;    // MemoryTier::restore, every rank from its own memory
-  double restore_replica_s = 0;   // node 1's ranks from node 0's replicas
-  double restore_storage_s = 0;   // from storage, its files out of the page cache
+  double memory_save_s = 0;        // MemoryTier::save: the caller blocked, its own copy committed
+  double memory_replicate_s = 0;   // the replication that follows in the background
+  double memory_replicated_s = 0;  // from save() until every replica is committed
+  double storage_block_s = 0;      // CheckpointManager::save + wait_for_staging: the caller blocked
+  double storage_commit_s = 0;     // from save() until committed (fsync'd)
+  double restore_memory_s = 0;     // MemoryTier::restore, every rank from its own memory
+  double restore_replica_s = 0;    // node 1's ranks from node 0's replicas
+  double restore_storage_s = 0;    // from storage, its files out of the page cache
   // Of the storage checkpoint's pages, the largest fraction still in the page cache right
   // before a cold restore (mincore; 0: cold).
   double storage_resident_fraction = 0;
@@ -58,8 +58,9 @@ struct MemoryTierBenchResult {
   std::vector<int64_t> memory_every;
 
   // All ranks' bytes over the slowest rank's time.
-  double memory_save_gbps() const;
-  double storage_save_gbps() const;  // to commit
+  double memory_save_gbps() const;        // to the own copies' commit
+  double memory_replicated_gbps() const;  // to the replicas' commit
+  double storage_save_gbps() const;       // to commit
 };
 
 // Collective: every rank of `group` calls it with the same options and directories (one

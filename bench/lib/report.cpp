@@ -294,7 +294,8 @@ void capacity_charts(const json& capacity, UsedKeys& used, json& charts) {
 // each judged by the 5x target.
 void memory_tier_charts(const json& tier, UsedKeys& used, json& charts) {
   json save = bar_group("save", tier,
-                        {{"memory tier (+ replica)", "memory_save_gbps", "stowage"},
+                        {{"memory tier, own copy", "memory_save_gbps", "stowage"},
+                         {"memory tier + replica", "memory_replicated_gbps", "stowage"},
                          {"storage (fsync'd)", "storage_save_gbps", "stowage"}},
                         1, "memory_tier", used);
   set_limit(save, "target: 5 x storage", 5 * json_number(tier, "storage_save_gbps"));

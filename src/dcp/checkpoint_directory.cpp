@@ -63,6 +63,11 @@ std::optional<CheckpointFormat> committed_format(const std::string& path, Env& e
 
 void remove_checkpoint(const std::string& path, Env& env) {
   if (env.file_type(path) == FileType::kAbsent) return;
+  uncommit_checkpoint(path, env);
+  env.remove_tree(path);
+}
+
+void uncommit_checkpoint(const std::string& path, Env& env) {
   bool uncommitted = false;
   for (const char* commit : {kMetadataFileName, kTorchDcpMetadataFileName}) {
     if (env.file_type(join(path, commit)) == FileType::kAbsent) continue;
@@ -70,7 +75,6 @@ void remove_checkpoint(const std::string& path, Env& env) {
     uncommitted = true;
   }
   if (uncommitted) env.sync_directory(path);
-  env.remove_tree(path);
 }
 
 std::string step_directory_name(int64_t step) {

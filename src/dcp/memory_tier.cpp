@@ -15,6 +15,8 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <future>
+#include <tuple>
 #include <filesystem>
 #include <utility>
 
@@ -28,24 +30,34 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// Removes all but the newest `keep` committed checkpoints of `directory`, and every
+// Retires all but the newest `keep` committed checkpoints of `directory`, and every
 // uncommitted one (a save that died: none is in flight here).
-void prune_directory(const std::string& directory, int64_t keep, Env& env) {
+void prune_directory(const std::string& directory, int64_t keep, PageRecycler& pages) {
   int64_t committed_seen = 0;
-  const std::vector<ManagedCheckpoint> all = list_checkpoints(directory, env);
+  const std::vector<ManagedCheckpoint> all = list_checkpoints(directory, pages);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    if (!it->committed || ++committed_seen > keep) remove_checkpoint(it->path, env);
+    if (!it->committed || ++committed_seen > keep) pages.retire(it->path);
   }
 }
 
-// The bytes of the regular files under `path` (none if it is absent).
+// Where a directory's PageRecycler keeps its spare files.
+std::string spare_directory_of(const std::string& directory) {
+  return (fs::path(directory) / "spare-pages").string();
+}
+
+// The bytes of the regular files under `path` (none if it is absent). A replication in
+// flight may remove a file or directory while it counts: what is gone counts nothing.
 int64_t tree_bytes(const std::string& path, Env& env) {
-  const FileType type = env.file_type(path);
-  if (type == FileType::kRegular) return env.open_for_reading(path)->size();
-  if (type != FileType::kDirectory) return 0;
-  int64_t bytes = 0;
-  for (const std::string& name : env.list_directory(path)) bytes += tree_bytes((fs::path(path) / name).string(), env);
-  return bytes;
+  try {
+    const FileType type = env.file_type(path);
+    if (type == FileType::kRegular) return env.open_for_reading(path)->size();
+    if (type != FileType::kDirectory) return 0;
+    int64_t bytes = 0;
+    for (const std::string& name : env.list_directory(path)) bytes += tree_bytes((fs::path(path) / name).string(), env);
+    return bytes;
+  } catch (const NotFound&) {
+    return 0;
+  }
 }
 
 }  // namespace
@@ -153,10 +165,23 @@ MemoryTier::MemoryTier(MemoryTierOptions options, NodeLayout layout, std::option
                                       layout.node, layout.ranks_per_node, r.world_size));
   }
   r.env().create_directories(r.own_directory());
-  if (r.source_of(r.rank)) r.env().create_directories(r.replica_directory(*r.source_of(r.rank)));
+  r.own_pages = std::make_unique<PageRecycler>(r.options.env(), spare_directory_of(r.own_directory()));
+  if (r.source_of(r.rank)) {
+    r.env().create_directories(r.replica_directory(*r.source_of(r.rank)));
+    r.replica_pages =
+        std::make_unique<PageRecycler>(r.options.env(), spare_directory_of(r.replica_directory(*r.source_of(r.rank))));
+    // One per job's group, kept with it: a later tier on the same group uses it again.
+    r.replication_group =
+        *std::static_pointer_cast<dist::ProcessGroup>(r.group->attachment("dcp.memory_tier.replication", [&] {
+          return std::make_shared<dist::ProcessGroup>(r.group->new_group("memory-tier-replication"));
+        }));
+  }
 }
 
-MemoryTier::~MemoryTier() = default;
+MemoryTier::~MemoryTier() {
+  // A replication in flight uses the Rep: it ends first. Its report has no one to go to.
+  rep_->wait_for_replication();
+}
 
 std::string MemoryTier::node_directory() const {
   return rep_->node_directory();
@@ -187,54 +212,85 @@ MemorySaveReport MemoryTier::save(int64_t step, const StateDict& state) {
   Rep& r = *rep_;
   MemorySaveReport report;
   report.step = step;
+  report.previous_replication = r.finish_replication();
   std::string error;
-  at::Tensor bundle = at::empty({0}, at::kByte);
   const auto start = Clock::now();
   try {
     const std::string path = own_path(step);
-    remove_checkpoint(path, r.env());
+    r.own_pages->retire(path);
     // Memory is not a disk: no fsync. The commit rule (metadata last) still holds.
-    FileSystemWriter writer(path, FileSystemWriterOptions().env(r.options.env()).sync_files(false));
+    FileSystemWriter writer(path, FileSystemWriterOptions().env(r.own_pages.get()).sync_files(false));
     dcp::save(state, writer);  // this rank's state alone, without the group
-    if (peer()) bundle = pack_checkpoint(path, r.env());
-    report.bytes = bundle.numel();
+    report.bytes = tree_bytes(path, r.env());
+    // Until its replication ends, the one before it stays: the newest step a lost node's
+    // ranks can fetch from their peers (finish_replication prunes it).
+    prune_directory(r.own_directory(), r.options.keep_last() + (peer() ? 1 : 0), *r.own_pages);
   } catch (const std::exception& failure) {
     error = exception_message(failure);
-    bundle = at::empty({0}, at::kByte);  // the peer keeps what it has
   }
   report.save_s = seconds_since(start);
-  const auto replicate_start = Clock::now();
-  if (peer()) {
-    // One shift around the ring: each rank's checkpoint crosses the network once.
-    const at::Tensor received = r.group->shift(bundle, *peer(), *source());
-    if (received.numel() > 0 && error.empty()) {
-      try {
-        unpack_checkpoint(bundle_bytes(received), replica_path(step), r.env());
-      } catch (const std::exception& failure) {
-        error = fmt::format("the replica of rank {}: {}", *source(), exception_message(failure));
-      }
-    }
-  }
-  report.replicate_s = seconds_since(replicate_start);
-  if (error.empty()) {
-    try {
-      prune_directory(r.own_directory(), r.options.keep_last(), r.env());
-      if (source()) prune_directory(r.replica_directory(*source()), r.options.keep_last(), r.env());
-    } catch (const std::exception& failure) {
-      error = exception_message(failure);
-    }
-  }
   report.error = r.agreed_error(error);
-  report.replicated = peer().has_value() && report.error.empty();
+  if (peer() && report.error.empty()) {
+    r.replicating = ReplicationInFlight{step, std::async(std::launch::async, [&r, step] { return r.replicate(step); })};
+  }
   return report;
+}
+
+std::pair<double, std::string> MemoryTier::Rep::replicate(int64_t step) const {
+  const auto start = Clock::now();
+  const int64_t source = *source_of(rank);
+  std::string error;
+  at::Tensor bundle = at::empty({0}, at::kByte);
+  try {
+    bundle = pack_checkpoint(own_path(step), env());
+  } catch (const std::exception& failure) {
+    error = exception_message(failure);  // the peer keeps what it has
+  }
+  try {
+    // One shift around the ring: each rank's checkpoint crosses the network once.
+    const at::Tensor received = replication_group->shift(bundle, *peer_of(rank), source);
+    bundle = at::Tensor();  // its memory back before the replica's is taken
+    if (received.numel() > 0) {
+      unpack_checkpoint(bundle_bytes(received), replica_path(source, step), *replica_pages);
+      prune_directory(replica_directory(source), options.keep_last(), *replica_pages);
+    }
+  } catch (const std::exception& failure) {
+    if (error.empty()) error = fmt::format("the replica of rank {}: {}", source, exception_message(failure));
+  }
+  return {seconds_since(start), error};
+}
+
+std::optional<ReplicationReport> MemoryTier::Rep::wait_for_replication() {
+  if (!replicating) return std::nullopt;
+  ReplicationReport report;
+  report.step = replicating->step;
+  std::tie(report.replicate_s, report.error) = replicating->outcome.get();
+  replicating.reset();
+  try {
+    prune_directory(own_directory(), options.keep_last(), *own_pages);
+  } catch (const std::exception& failure) {
+    if (report.error.empty()) report.error = exception_message(failure);
+  }
+  return report;
+}
+
+std::optional<ReplicationReport> MemoryTier::Rep::finish_replication() {
+  std::optional<ReplicationReport> report = wait_for_replication();
+  if (report) report->error = agreed_error(report->error);
+  return report;
+}
+
+std::optional<ReplicationReport> MemoryTier::finish_replication() {
+  return rep_->finish_replication();
 }
 
 void MemoryTier::clear() {
   Rep& r = *rep_;
-  prune_directory(r.own_directory(), 0, r.env());
+  r.wait_for_replication();
+  prune_directory(r.own_directory(), 0, *r.own_pages);
   r.env().remove_tree(r.own_directory());
   if (source()) {
-    prune_directory(r.replica_directory(*source()), 0, r.env());
+    prune_directory(r.replica_directory(*source()), 0, *r.replica_pages);
     r.env().remove_tree(r.replica_directory(*source()));
   }
 }

@@ -6,11 +6,15 @@
 #include <stowage/dcp/checkpoint_directory.h>
 #include <stowage/dcp/memory_tier.h>
 
+#include "dcp/memory_tier_pages.h"
+
 #include <cstdint>
 #include <exception>
+#include <future>
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace stowage::dcp {
@@ -22,12 +26,27 @@ struct RankListing {
   std::set<int64_t> held;  // the replicas of its source
 };
 
+// A replication running on the tier's thread: its step, and its outcome to come (this
+// rank's seconds and failure, empty when none).
+struct ReplicationInFlight {
+  int64_t step = 0;
+  std::future<std::pair<double, std::string>> outcome;
+};
+
 struct MemoryTier::Rep {
   MemoryTierOptions options;
   NodeLayout layout;
   std::optional<dist::ProcessGroup> group;
+  // The replication's group, over the same ranks: its exchanges run on the tier's
+  // thread while the caller's thread uses `group`. Only with a peer.
+  std::optional<dist::ProcessGroup> replication_group;
+  std::optional<ReplicationInFlight> replicating;
   int64_t rank = 0;
   int64_t world_size = 1;
+  // The Envs of its own checkpoints and of the replicas it holds, over options.env():
+  // the pages of those they drop are written over by the next ones (memory_tier_pages.h).
+  std::unique_ptr<PageRecycler> own_pages;
+  std::unique_ptr<PageRecycler> replica_pages;  // with a peer
 
   Env& env() const { return *options.env(); }
   // <directory>/node-<N>.
@@ -42,6 +61,15 @@ struct MemoryTier::Rep {
   // The ranks a rank's replica goes to and comes from: ±ranks_per_node, modulo W.
   std::optional<int64_t> peer_of(int64_t rank) const;
   std::optional<int64_t> source_of(int64_t rank) const;
+
+  // On the tier's thread: sends this rank's checkpoint of `step` to its peer, keeps its
+  // source's as a replica, and prunes the replicas. Returns its seconds and its failure.
+  // REQUIRES: own_path(step) is committed and stays until it returns.
+  std::pair<double, std::string> replicate(int64_t step) const;
+  // Waits for the replication in flight; its report, this rank's failure alone.
+  std::optional<ReplicationReport> wait_for_replication();
+  // The same, its failure agreed (collective with a group).
+  std::optional<ReplicationReport> finish_replication();
 
   // Every rank's `text`, indexed by rank (this rank's alone without a group).
   std::vector<std::string> all_gather(const std::string& text) const;

@@ -90,9 +90,14 @@ bool MemoryTier::Rep::fetch_missing(int64_t step, const std::vector<RankListing>
   }
   // Each replica goes back the other way round the ring than it came.
   const at::Tensor received = group->shift(bundle, source.value_or(rank), peer_of(rank).value_or(rank));
-  if (!fetching || received.numel() == 0) return !fetching;  // none: the holder says why
+  if (!fetching) return true;
+  if (received.numel() == 0) {  // the holder says why too; this rank must not load nothing
+    failure = failure_of('f', fmt::format("the replica of rank {} at step {}: rank {}, which holds it, sent nothing",
+                                          rank, step, *peer_of(rank)));
+    return false;
+  }
   try {
-    unpack_checkpoint(bundle_bytes(received), own_path(step), env());
+    unpack_checkpoint(bundle_bytes(received), own_path(step), *own_pages);
     return true;
   } catch (const std::exception& failed) {
     failure = fetched_failure(step, failed);
@@ -141,6 +146,7 @@ bool MemoryTier::Rep::load_from_memory(int64_t step, std::vector<RankListing>& l
 
 TierRestore MemoryTier::restore(StateDict& state, CheckpointManager& storage, LoadOptions options) {
   Rep& r = *rep_;
+  r.wait_for_replication();  // its replica is one this restore may read
   TierRestore result;
   const std::vector<int64_t> own = committed_stowage_steps(list_checkpoints(r.own_directory(), r.env()));
   const std::vector<int64_t> held =

@@ -89,9 +89,11 @@ Record parse_record(const std::string& line, const char* event, Fields&& fields)
 }  // namespace
 
 void CheckpointTiers::record(const dcp::MemorySaveReport& report) {
-  if (!report.error.empty()) return;
-  memory = report;
-  if (report.replicated) replica = report;
+  if (report.error.empty()) memory = report;
+}
+
+void CheckpointTiers::record(const dcp::ReplicationReport& report) {
+  if (report.error.empty()) replica = report;
 }
 
 void CheckpointTiers::record(const dcp::SaveReport& report) {
@@ -142,8 +144,15 @@ void MetricsFile::memory_checkpoint(const dcp::MemorySaveReport& r) {
                         {"step", r.step},
                         {"bytes", r.bytes},
                         {"save_ms", r.save_s * 1e3},
+                        {"error", r.error}}
+             .dump());
+}
+
+void MetricsFile::memory_replication(const dcp::ReplicationReport& r) {
+  tiers_.record(r);
+  record(nlohmann::json{{"event", r.error.empty() ? "memory_replication" : "memory_replication_failed"},
+                        {"step", r.step},
                         {"replicate_ms", r.replicate_s * 1e3},
-                        {"replicated", r.replicated},
                         {"error", r.error}}
              .dump());
 }

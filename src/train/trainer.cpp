@@ -150,6 +150,8 @@ struct Trainer::Rep {
   int64_t restore_latest();
   void restore_from_tiers();
   void save_to_memory_if_due(int64_t step);
+  // To the events: a replication of the memory tier that ended (nothing if none).
+  void report_replication(const std::optional<dcp::ReplicationReport>& replication);
   void start_from_other_checkpoint();
   void measure_step(StepRecord& record);
   void plan_host_budget();
@@ -274,9 +276,19 @@ void Trainer::Rep::save_to_memory_if_due(int64_t step) {
   if (!memory_tier || !memory_tier->should_save(step)) return;
   const dcp::MemorySaveReport report = memory_tier->save(step, live_state());
   memory_tier_bytes = memory_tier->held_bytes();
+  report_replication(report.previous_replication);
   if (events) events->memory_checkpoint(report);
   if (!report.error.empty() && events) {
     events->warning(fmt::format("the memory checkpoint of step {} failed: {}", step, report.error));
+  }
+}
+
+void Trainer::Rep::report_replication(const std::optional<dcp::ReplicationReport>& replication) {
+  if (!replication || !events) return;
+  events->memory_replication(*replication);
+  if (!replication->error.empty()) {
+    events->warning(
+        fmt::format("the replication of memory checkpoint {} failed: {}", replication->step, replication->error));
   }
 }
 
@@ -580,6 +592,7 @@ int Trainer::finish() {
     r.events->warning(
         fmt::format("the last checkpoint (step {}) failed: {}", r.last_save_error->first, r.last_save_error->second));
   }
+  if (r.memory_tier) r.report_replication(r.memory_tier->finish_replication());
   // Every step trained and kept in storage: the memory tier has nothing left to offer.
   if (r.memory_tier && r.summary.exit_status == 0 && r.progress->step() == r.options.steps()) {
     r.memory_tier->clear();

@@ -47,9 +47,11 @@ train::CheckpointTiers some_tiers() {
   dcp::MemorySaveReport memory;
   memory.step = 1230;
   memory.save_s = 0.003;
-  memory.replicate_s = 0.051;
-  memory.replicated = true;
   tiers.record(memory);
+  dcp::ReplicationReport replica;
+  replica.step = 1230;
+  replica.replicate_s = 0.051;
+  tiers.record(replica);
   return tiers;
 }
 

@@ -45,10 +45,14 @@ int save_into_memory_tier(const std::string& root, int64_t step) {
   say("ready");
   for (;; ++step) {
     const dcp::MemorySaveReport report = tier.save(step, state);
-    if (!report.error.empty()) {
-      std::fprintf(stderr, "crash_child: %s\n", report.error.c_str());
+    const std::string error = !report.error.empty()         ? report.error
+                              : report.previous_replication ? report.previous_replication->error
+                                                            : "";
+    if (!error.empty()) {
+      std::fprintf(stderr, "crash_child: %s\n", error.c_str());
       return 1;
     }
+    if (report.previous_replication) say(fmt::format("replicated {}", report.previous_replication->step));
     say(fmt::format("committed {}", step));
     reliability::fill_generation(state, reliability::memory_tier_generation(world.rank, step + 1));
   }

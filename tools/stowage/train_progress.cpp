@@ -135,6 +135,10 @@ void Progress::memory_checkpoint(const dcp::MemorySaveReport& r) {
   metrics_.memory_checkpoint(r);
 }
 
+void Progress::memory_replication(const dcp::ReplicationReport& r) {
+  metrics_.memory_replication(r);
+}
+
 void Progress::restore(const dcp::TierRestore& restored) {
   metrics_.restore(restored);
 }

@@ -47,6 +47,7 @@ class Progress final : public train::EventSink {
   // A memory-tier save and where a resume came from: in the metrics (a failed memory
   // save is also a warning, the Trainer's).
   void memory_checkpoint(const dcp::MemorySaveReport& report) override;
+  void memory_replication(const dcp::ReplicationReport& report) override;
   void restore(const dcp::TierRestore& restored) override;
   void end(const train::RunSummary& summary) override;
   // Any other line (resume notices, the summary): printed above the bar.

@@ -59,9 +59,12 @@ struct ManagedCheckpoint {
 
 // Removes the checkpoint directory `path`, committed or not, so that no moment of the
 // removal shows a committed checkpoint with files missing, should the process die in it:
-// its commit (the metadata file of either format) goes first, made durable, then the rest.
-// Nothing when `path` does not exist. IoError naming the call that failed.
+// uncommit_checkpoint first, then the rest. Nothing when `path` does not exist. IoError
+// naming the call that failed.
 void remove_checkpoint(const std::string& path, Env& env = *Env::posix());
+// The first half of that: its commit (the metadata file of either format) removed, made
+// durable. The checkpoint is then a half-written one, which no load takes.
+void uncommit_checkpoint(const std::string& path, Env& env = *Env::posix());
 
 // Every step-<N> directory of `directory`, oldest first (none if it does not exist;
 // IoError if it cannot be listed). Changes nothing, unlike a CheckpointManager's

@@ -9,7 +9,7 @@
 //
 // Failure semantics, for every implementation: a call that fails throws IoError naming
 // the path, the operation ("open", "create", "write", "fsync", "rename", "unlink",
-// "mmap", "read", "mkdir", "list", "lock", "stat", "allocate", "io_uring_queue_init",
+// "mmap", "truncate", "read", "mkdir", "list", "lock", "stat", "allocate", "io_uring_queue_init",
 // "io_uring_submit") and errno (NotFound, a kind of IoError, for ENOENT and ENOTDIR); a
 // file shorter than a read needs throws CorruptionError (a scratch file's batch read, EIO);
 // a call that fails changes nothing it was not asked to. An Env and the objects it returns
@@ -143,6 +143,12 @@ class Env {
 
   // A new file (O_CREAT|O_EXCL: an existing one is never reused).
   virtual std::unique_ptr<WritableFile> create_file(const std::string& path) = 0;
+  // Renames the regular file `from` to `to` and opens it to be written over in place:
+  // the pages it has are reused rather than new ones allocated (on tmpfs, the memory
+  // tier's file system, stores into them run about three times as fast as write() into
+  // new ones); close() truncates it to the end of what was written. Its bytes that are
+  // not written over stay as they were.
+  virtual std::unique_ptr<WritableFile> reuse_file(const std::string& from, const std::string& to) = 0;
   // Without following a symbolic link, and refusing anything but a regular file
   // ("'<path>' is a FIFO, not a regular file") without blocking on a FIFO or touching
   // a device.
@@ -181,6 +187,7 @@ class EnvWrapper : public Env {
   Env* target() const { return target_; }
 
   std::unique_ptr<WritableFile> create_file(const std::string& path) override;
+  std::unique_ptr<WritableFile> reuse_file(const std::string& from, const std::string& to) override;
   std::unique_ptr<ReadableFile> open_for_reading(const std::string& path) override;
   FileType file_type(const std::string& path) override;
   void rename_file(const std::string& from, const std::string& to) override;

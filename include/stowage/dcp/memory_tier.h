@@ -4,17 +4,20 @@
 // ML Flashpoint's idea): every save_every steps each rank saves its own state (the
 // model, its share of the optimizer, the progress) with dcp::save, without a group, into
 // a directory of its node, by default under /dev/shm, which outlives the processes, so
-// that a restart of the job finds it. Each rank's checkpoint is then sent over the job's
-// process group to its peer, which keeps it as a replica in its own node's directory.
+// that a restart of the job finds it. Each rank's checkpoint is then sent to its peer,
+// which keeps it as a replica in its own node's directory: in the background, on a
+// thread of the tier's, over a process group of its own (made with the job's), while
+// training goes on.
 //
 //   dcp::MemoryTier memory(dcp::MemoryTierOptions("/dev/shm/stowage-run").save_every(5),
 //                          dcp::node_layout_from_env(world.size), group);
 //   const dcp::TierRestore restored = memory.restore(state, storage_manager);
 //   for (...) {
 //     ... the step ...
-//     if (memory.should_save(step)) memory.save(step, state);   // synchronous, then replicated
+//     if (memory.should_save(step)) memory.save(step, state);   // returns once in memory
 //     storage_manager.save(step, state);                        // every M steps, as before
 //   }
+//   memory.finish_replication();                                // the last save's replica
 //
 // Layout: <directory>/node-<N>/rank-<R>-of-<W>/step-<S> (rank R's own checkpoints) and
 // <directory>/node-<N>/replica-of-rank-<Q>-of-<W>/step-<S> (the replicas rank R holds),
@@ -25,7 +28,9 @@
 //
 // The peer rule: rank R's replica is held by rank (R + ranks_per_node) mod W, the same
 // local rank on the next node of a ring over the nodes. With one node there is no peer,
-// and nothing is replicated.
+// and nothing is replicated. One replication is in flight at most: a save waits for the
+// previous one's before it begins. So a lost node's ranks resume from the newest step
+// their peers had committed, which may be the save before the newest one of their own.
 //
 // Recovery (restore): every rank lists the committed steps it can restore itself (its
 // own checkpoints) and those it holds for its source rank (the replicas); a half-written
@@ -46,7 +51,8 @@
 // both lost, from storage.
 //
 // Thread safety: one thread calls a MemoryTier. With a group every call is collective:
-// every rank makes the tier, saves and restores together, in the same order.
+// every rank makes the tier, saves and restores together, in the same order (the
+// replication's own group keeps its exchanges apart from the caller's collectives).
 
 #include <stowage/dcp/checkpoint_manager.h>
 #include <stowage/dcp/env.h>
@@ -95,16 +101,28 @@ struct MemoryTierOptions {
 // a null env.
 void check_memory_tier_options(const MemoryTierOptions& options);
 
+// A save's replication to the peers, the same on every rank (agreed).
+struct ReplicationReport {
+  int64_t step = 0;
+  // On this rank, from the start of the replication (its own checkpoint committed) until
+  // the replica it holds is committed: the exchange with the peers and the replica's write.
+  double replicate_s = 0;
+  // The first rank's failure ("rank 2: ..."), empty when every rank's checkpoint reached
+  // its peer. A failed replication leaves the replicas held before as they were.
+  std::string error;
+};
+
 // A memory save, the same on every rank (agreed).
 struct MemorySaveReport {
   int64_t step = 0;
-  int64_t bytes = 0;        // this rank's checkpoint
-  double save_s = 0;        // this rank's write into memory
-  double replicate_s = 0;   // the exchange with the peers and the replica's write
-  bool replicated = false;  // this rank's checkpoint reached its peer (never with one node)
-  // The first rank's failure ("rank 2: ..."), empty when every rank saved and
-  // replicated. A failed save leaves the older checkpoints as they were.
+  int64_t bytes = 0;  // this rank's checkpoint
+  double save_s = 0;  // this rank's write into memory: what the caller waits for
+  // The first rank's failure ("rank 2: ..."), empty when every rank saved. A failed save
+  // leaves the older checkpoints as they were, and replicates nothing.
   std::string error;
+  // The previous save's replication, which this save waited for before it began: none
+  // at the first save, nor on one node.
+  std::optional<ReplicationReport> previous_replication;
 };
 
 // Where a restore came from.
@@ -134,7 +152,7 @@ class MemoryTier {
   // InvalidArgument for a layout that does not fit the group (ranks_per_node not
   // dividing its size, a node beyond it). Collective with a group.
   MemoryTier(MemoryTierOptions options, NodeLayout layout, std::optional<dist::ProcessGroup> group = std::nullopt);
-  ~MemoryTier();
+  ~MemoryTier();  // waits for a replication in flight
   MemoryTier(const MemoryTier&) = delete;
   MemoryTier& operator=(const MemoryTier&) = delete;
 
@@ -149,11 +167,18 @@ class MemoryTier {
   std::optional<int64_t> source() const;
 
   bool should_save(int64_t step) const;
-  // Saves `state` as `step` into this rank's memory, sends it to the peer and keeps the
-  // source's, then prunes. A failure (e.g. the memory's file system full) is reported,
-  // the same on every rank, never thrown.
+  // Waits for the previous save's replication (reported in the result), saves `state` as
+  // `step` into this rank's memory, prunes, and returns once that copy is committed; its
+  // replication (the checkpoint sent to the peer, the source's kept as a replica) then
+  // runs in the background. A failure (e.g. the memory's file system full) is reported,
+  // the same on every rank, never thrown. Collective with a group.
   // REQUIRES: `state` does not change until it returns.
   MemorySaveReport save(int64_t step, const StateDict& state);
+
+  // Waits for the last save's replication, when one is in flight, and reports it.
+  // Collective with a group. The destructor, restore() and clear() wait for it too, and
+  // drop its report.
+  std::optional<ReplicationReport> finish_replication();
 
   // Restores the newest step every rank can get (see above), from memory, a peer's
   // replica or `storage`. Throws what storage.restore throws when it comes to it.
@@ -161,8 +186,9 @@ class MemoryTier {
 
   // Removes this rank's own checkpoints and the replicas it holds (a run that ended).
   void clear();
-  // The bytes of the files of this rank's own checkpoints and of the replicas it holds,
-  // as the file system reports them now: the host memory the tier takes on this rank.
+  // The bytes of the files of this rank's own checkpoints and of the replicas it holds
+  // (spare pages included), as the file system reports them now: the host memory the
+  // tier takes on this rank. Not collective: a replication may be writing meanwhile.
   int64_t held_bytes() const;
 
  private:

@@ -16,8 +16,10 @@
 //              write into memory, the replication, the storage's commit; a tier
 //              without a save yet is left out)
 //   {"event": "checkpoint", "step", "staged_ms", "committed_gbps", "bytes", "host_peak_bytes", "path"}
-//   {"event": "memory_checkpoint", "step", "bytes", "save_ms", "replicate_ms",
-//    "replicated", "error"} ("memory_checkpoint_failed" when error is not empty)
+//   {"event": "memory_checkpoint", "step", "bytes", "save_ms", "error"}
+//    ("memory_checkpoint_failed" when error is not empty)
+//   {"event": "memory_replication", "step", "replicate_ms", "error"} (its replication to
+//    the peers, which ends in the background: "memory_replication_failed" on an error)
 //   {"event": "restore", "step", "tier", "fetched_ranks", "skipped"}
 //   {"event": "checkpoint_failed", "step", "path", "error"}
 //   {"event": "end", "first_step", "last_step", "seconds", "first_loss", "last_loss",
@@ -60,10 +62,11 @@ double committed_gbps(const dcp::SaveReport& report);
 // memory, the replica its peer node holds, and storage. Each sink keeps one from the
 // reports it gets (record); a failed save changes nothing.
 struct CheckpointTiers {
-  std::optional<dcp::MemorySaveReport> memory;   // its step and save_s: the write into memory
-  std::optional<dcp::MemorySaveReport> replica;  // its step and replicate_s; none on one node
-  std::optional<dcp::SaveReport> storage;        // committed: its step, blocked_s and commit_s
+  std::optional<dcp::MemorySaveReport> memory;    // its step and save_s: the write into memory
+  std::optional<dcp::ReplicationReport> replica;  // its step and replicate_s; none on one node
+  std::optional<dcp::SaveReport> storage;         // committed: its step, blocked_s and commit_s
   void record(const dcp::MemorySaveReport& report);
+  void record(const dcp::ReplicationReport& report);
   void record(const dcp::SaveReport& report);
 };
 
@@ -98,6 +101,8 @@ class EventSink {
   virtual void checkpoint(const dcp::SaveReport& report) = 0;
   // A save into the memory tier (TrainerOptions::memory_checkpoints); none by default.
   virtual void memory_checkpoint(const dcp::MemorySaveReport& /*report*/) {}
+  // Its replication to the peer nodes, which ended; none by default.
+  virtual void memory_replication(const dcp::ReplicationReport& /*report*/) {}
   // Where the run resumed from (its step and tier); none by default.
   virtual void restore(const dcp::TierRestore& /*restored*/) {}
   virtual void end(const RunSummary& summary) = 0;
@@ -116,6 +121,8 @@ class MetricsFile : public EventSink {
   void checkpoint(const dcp::SaveReport& report) override;
   // {"event": "memory_checkpoint", ...} and {"event": "restore", "step", "tier", ...}.
   void memory_checkpoint(const dcp::MemorySaveReport& report) override;
+  // {"event": "memory_replication", ...}.
+  void memory_replication(const dcp::ReplicationReport& report) override;
   void restore(const dcp::TierRestore& restored) override;
   void end(const RunSummary& summary) override;
   void message(const std::string& text) override;

@@ -28,6 +28,9 @@ const char* describe(FileType type) {
 std::unique_ptr<WritableFile> EnvWrapper::create_file(const std::string& path) {
   return target_->create_file(path);
 }
+std::unique_ptr<WritableFile> EnvWrapper::reuse_file(const std::string& from, const std::string& to) {
+  return target_->reuse_file(from, to);
+}
 std::unique_ptr<ReadableFile> EnvWrapper::open_for_reading(const std::string& path) {
   return target_->open_for_reading(path);
 }

@@ -3,6 +3,7 @@
 #include "dcp/storage/batch_io.h"
 #include "dcp/storage/file_io.h"
 #include "dcp/storage/mapped_file.h"
+#include "dcp/storage/overwritten_file.h"
 #include "dcp/storage/scratch_file.h"
 #include "util/errno_error.h"
 
@@ -89,6 +90,9 @@ class PosixEnv final : public Env {
  public:
   std::unique_ptr<WritableFile> create_file(const std::string& path) override {
     return std::make_unique<PosixWritableFile>(detail::File::create(path));
+  }
+  std::unique_ptr<WritableFile> reuse_file(const std::string& from, const std::string& to) override {
+    return detail::OverwrittenFile::open(from, to);
   }
   std::unique_ptr<ReadableFile> open_for_reading(const std::string& path) override {
     return std::make_unique<PosixReadableFile>(detail::File::open_for_reading(path));
