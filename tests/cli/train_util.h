@@ -23,6 +23,9 @@ using nlohmann::json;
 // A small model, so that each run takes seconds; every capability stays on.
 inline const std::string kSmall =
     " --layers 2 --width 64 --heads 2 --batch 8 --seq-len 32 --threads 1 --log-every 1000";
+// The same, its global batch split over 3 or 6 ranks.
+inline const std::string kSmallForThreeRanks =
+    " --layers 2 --width 64 --heads 2 --batch 6 --seq-len 32 --threads 1 --log-every 1000";
 
 struct RunDir {
   RunDir()
@@ -35,8 +38,8 @@ struct RunDir {
   static inline int n = 0;
 };
 
-inline CommandResult train(const RunDir& dir, const std::string& args) {
-  return run_command(stowage_binary() + " train --run-dir " + dir.str() + kSmall + " " + args);
+inline CommandResult train(const RunDir& dir, const std::string& args, const std::string& model = kSmall) {
+  return run_command(stowage_binary() + " train --run-dir " + dir.str() + model + " " + args);
 }
 
 inline json run_json(const std::string& args) {

@@ -3,6 +3,7 @@
 // get — its own memory, its peer's replica, or storage. Ranks run as threads; "nodes"
 // are directories (node-<N>) under one scratch root, and a lost node is one removed.
 
+#include "dcp/memory_tier_copies.h"
 #include "dcp/test_util.h"
 
 #include <stowage/dcp/checkpoint_manager.h>
@@ -22,7 +23,25 @@ namespace stowage::dcp::testing {
 namespace {
 namespace fs = std::filesystem;
 
-constexpr int64_t kTierRanksPerNode = 2;
+// A job of the tier: its ranks, so many on each node.
+struct TierJob {
+  int64_t ranks = 4;
+  int64_t ranks_per_node = 2;
+
+  NodeLayout layout_of(int64_t rank) const { return NodeLayout{rank / ranks_per_node, ranks_per_node}; }
+  std::vector<int64_t> ranks_of_node(int64_t node) const {
+    std::vector<int64_t> ranks_on_it;
+    for (int64_t local = 0; local < ranks_per_node; ++local) ranks_on_it.push_back(node * ranks_per_node + local);
+    return ranks_on_it;
+  }
+};
+
+constexpr TierJob kTwoNodesOfTwoRanks{4, 2};
+// A ring of three nodes, where a rank's peer (the next node's) and its source (the
+// previous node's) are different ranks: a replica sent or fetched the wrong way round
+// the ring shows.
+constexpr TierJob kThreeNodesOfOneRank{3, 1};
+constexpr TierJob kThreeNodesOfTwoRanks{6, 2};
 
 // A rank's state at a step: values only that rank at that step has.
 StateDict memory_tier_state(int64_t rank, int64_t step) {
@@ -43,15 +62,12 @@ void expect_memory_tier_state(const StateDict& state, int64_t rank, int64_t step
       << "rank " << rank << " holds " << state.at(key).toTensor()[0].item<float>();
 }
 
-NodeLayout layout_of_rank(int64_t rank) {
-  return NodeLayout{rank / kTierRanksPerNode, kTierRanksPerNode};
-}
-
-// Saves `steps` into the memory tier on four ranks (two nodes) and `storage_step` into
+// Saves `steps` into the memory tier on every rank of `job` and `storage_step` into
 // storage.
-void train_four_ranks(const ScratchDir& dir, const std::vector<int64_t>& steps, int64_t storage_step) {
-  stowage::testing::run_ranks(4, [&](const dist::ProcessGroup& group) {
-    MemoryTier tier(MemoryTierOptions(dir.sub("memory")).save_every(1), layout_of_rank(group.rank()), group);
+void train_tier_job(const ScratchDir& dir, const TierJob& job, const std::vector<int64_t>& steps,
+                    int64_t storage_step) {
+  stowage::testing::run_ranks(job.ranks, [&](const dist::ProcessGroup& group) {
+    MemoryTier tier(MemoryTierOptions(dir.sub("memory")).save_every(1), job.layout_of(group.rank()), group);
     CheckpointManager storage(dir.sub("storage"), CheckpointManagerOptions(), group);
     for (const int64_t step : steps) {
       const MemorySaveReport report = tier.save(step, memory_tier_state(group.rank(), step));
@@ -61,21 +77,44 @@ void train_four_ranks(const ScratchDir& dir, const std::vector<int64_t>& steps, 
   });
 }
 
-// Restores on four ranks with fresh tiers; every rank's result.
-std::vector<TierRestore> restore_four_ranks(const ScratchDir& dir, const std::vector<int64_t>& expected_steps) {
-  std::vector<TierRestore> results(4);
-  stowage::testing::run_ranks(4, [&](const dist::ProcessGroup& group) {
-    MemoryTier tier(MemoryTierOptions(dir.sub("memory")).save_every(1), layout_of_rank(group.rank()), group);
+// Restores on every rank of `job` with fresh tiers, each rank expecting its state of
+// `expected_step`; every rank's result.
+std::vector<TierRestore> restore_tier_job(const ScratchDir& dir, const TierJob& job, int64_t expected_step) {
+  std::vector<TierRestore> results(static_cast<size_t>(job.ranks));
+  stowage::testing::run_ranks(job.ranks, [&](const dist::ProcessGroup& group) {
+    MemoryTier tier(MemoryTierOptions(dir.sub("memory")).save_every(1), job.layout_of(group.rank()), group);
     CheckpointManager storage(dir.sub("storage"), CheckpointManagerOptions(), group);
     StateDict state = empty_memory_tier_state(group.rank());
     results[static_cast<size_t>(group.rank())] = tier.restore(state, storage);
-    expect_memory_tier_state(state, group.rank(), expected_steps[static_cast<size_t>(group.rank())]);
+    expect_memory_tier_state(state, group.rank(), expected_step);
   });
   return results;
 }
 
-std::string replica_dir(const ScratchDir& dir, int64_t node, int64_t of, int64_t step) {
-  return dir.sub(fmt::format("memory/node-{}/replica-of-rank-{}-of-4/{}", node, of, step_directory_name(step)));
+// The replica of rank `of`'s `step` that `node` holds.
+std::string replica_dir(const ScratchDir& dir, const TierJob& job, int64_t node, int64_t of, int64_t step) {
+  return stowage::testing::memory_replica_path(dir.sub("memory"), node, of, job.ranks, step);
+}
+
+// Flips one bit in the middle of the checkpoint's first data file: a copy its checksums
+// must catch.
+void flip_a_data_byte(const std::string& checkpoint) {
+  const std::string data = checkpoint + "/" + data_files(checkpoint).at(0);
+  std::string bytes = read_file(data);
+  bytes[bytes.size() / 2] ^= 0x40;
+  write_file(data, bytes);
+}
+
+// Whether `line` names the replica of rank `of` at `step` that rank `holder` holds at
+// `path`: by that path, or in words ("the replica of rank 1 at step 6 on rank 2").
+::testing::AssertionResult names_replica(const std::string& line, int64_t of, int64_t step, int64_t holder,
+                                         const std::string& path) {
+  if (line.find(path) != std::string::npos ||
+      line.find(fmt::format("the replica of rank {} at step {} on rank {}", of, step, holder)) != std::string::npos) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << "\"" << line << "\" names neither " << path << " nor rank " << holder
+                                       << "'s replica of rank " << of << " at step " << step;
 }
 
 TEST(MemoryTier, OneRankRestoresItsNewestMemoryStepNotTheOlderStorageOneAndKeepsTwo) {
@@ -132,35 +171,31 @@ TEST(MemoryTier, ATornLocalWriteIsNeverRestoredAndTheNextSaveRemovesIt) {
 
 TEST(MemoryTier, ALostNodeResumesFromItsPeersReplicasAtTheLastMemoryStep) {
   const ScratchDir dir;
-  train_four_ranks(dir, {2, 4, 6}, 2);
+  train_tier_job(dir, kTwoNodesOfTwoRanks, {2, 4, 6}, 2);
   // Ranks 2 and 3 keep their replicas on node 0 (ranks 0 and 1), and the other way round.
-  EXPECT_TRUE(fs::exists(metadata_path(replica_dir(dir, 0, 2, 6))));
-  EXPECT_TRUE(fs::exists(metadata_path(replica_dir(dir, 1, 0, 6))));
+  EXPECT_TRUE(fs::exists(metadata_path(replica_dir(dir, kTwoNodesOfTwoRanks, 0, 2, 6))));
+  EXPECT_TRUE(fs::exists(metadata_path(replica_dir(dir, kTwoNodesOfTwoRanks, 1, 0, 6))));
   fs::remove_all(dir.sub("memory/node-1"));  // node 1 is lost, with its memory
 
-  const std::vector<TierRestore> results = restore_four_ranks(dir, {6, 6, 6, 6});
+  const std::vector<TierRestore> results = restore_tier_job(dir, kTwoNodesOfTwoRanks, 6);
   for (const TierRestore& result : results) {
     EXPECT_EQ(result.step, 6);
     EXPECT_EQ(result.tier, RestoreTier::kPeerReplica);
     EXPECT_EQ(result.fetched_ranks, (std::vector<int64_t>{2, 3}));
   }
   // The fetched checkpoints are node 1's own again: a second restart needs no peer.
-  EXPECT_EQ(restore_four_ranks(dir, {6, 6, 6, 6})[0].tier, RestoreTier::kMemory);
+  EXPECT_EQ(restore_tier_job(dir, kTwoNodesOfTwoRanks, 6)[0].tier, RestoreTier::kMemory);
 }
 
 TEST(MemoryTier, ACorruptReplicaIsSkippedNeverLoaded) {
   const ScratchDir dir;
-  train_four_ranks(dir, {2, 4}, 2);
+  train_tier_job(dir, kTwoNodesOfTwoRanks, {2, 4}, 2);
   // Rank 0 holds rank 2's replica; one byte of step 4's data flips.
-  const std::string replica = replica_dir(dir, 0, 2, 4);
-  const std::string data = replica + "/" + data_files(replica).at(0);
-  std::string bytes = read_file(data);
-  bytes[bytes.size() / 2] ^= 0x40;
-  write_file(data, bytes);
+  flip_a_data_byte(replica_dir(dir, kTwoNodesOfTwoRanks, 0, 2, 4));
   fs::remove_all(dir.sub("memory/node-1"));
 
   // Rank 2 can get step 2 only: the job takes step 2, every rank, from memory and replicas.
-  const std::vector<TierRestore> results = restore_four_ranks(dir, {2, 2, 2, 2});
+  const std::vector<TierRestore> results = restore_tier_job(dir, kTwoNodesOfTwoRanks, 2);
   EXPECT_EQ(results[0].step, 2);
   EXPECT_EQ(results[0].tier, RestoreTier::kPeerReplica);
   ASSERT_EQ(results[0].skipped.size(), 1u);
@@ -172,14 +207,11 @@ TEST(MemoryTier, ACorruptReplicaIsSkippedNeverLoaded) {
 // comes from its peer's replica: the state is never changed by the corrupt copy.
 TEST(MemoryTier, ACorruptOwnCopyIsReplacedByItsPeersReplicaAtTheSameStep) {
   const ScratchDir dir;
-  train_four_ranks(dir, {2, 4}, 2);
+  train_tier_job(dir, kTwoNodesOfTwoRanks, {2, 4}, 2);
   const std::string own = dir.sub(fmt::format("memory/node-0/rank-1-of-4/{}", step_directory_name(4)));
-  const std::string data = own + "/" + data_files(own).at(0);
-  std::string bytes = read_file(data);
-  bytes[bytes.size() / 2] ^= 0x40;
-  write_file(data, bytes);
+  flip_a_data_byte(own);
 
-  const std::vector<TierRestore> results = restore_four_ranks(dir, {4, 4, 4, 4});
+  const std::vector<TierRestore> results = restore_tier_job(dir, kTwoNodesOfTwoRanks, 4);
   EXPECT_EQ(results[0].step, 4);
   EXPECT_EQ(results[0].tier, RestoreTier::kPeerReplica);
   EXPECT_EQ(results[0].fetched_ranks, (std::vector<int64_t>{1}));
@@ -189,12 +221,86 @@ TEST(MemoryTier, ACorruptOwnCopyIsReplacedByItsPeersReplicaAtTheSameStep) {
 
 TEST(MemoryTier, ALostNodeAndItsPeerResumeFromStorage) {
   const ScratchDir dir;
-  train_four_ranks(dir, {2, 4}, 2);
+  train_tier_job(dir, kTwoNodesOfTwoRanks, {2, 4}, 2);
   fs::remove_all(dir.sub("memory/node-0"));
   fs::remove_all(dir.sub("memory/node-1"));
-  const std::vector<TierRestore> results = restore_four_ranks(dir, {2, 2, 2, 2});
+  const std::vector<TierRestore> results = restore_tier_job(dir, kTwoNodesOfTwoRanks, 2);
   EXPECT_EQ(results[3].step, 2);
   EXPECT_EQ(results[3].tier, RestoreTier::kStorage);
+}
+
+// Node 1's ranks keep their replicas on node 2 (the next node), not on node 0 (the one
+// whose replicas node 1 holds); node 1 lost, they fetch them from node 2.
+TEST(MemoryTier, OnARingOfThreeNodesALostNodesRanksFetchFromTheNextNode) {
+  for (const TierJob& job : {kThreeNodesOfOneRank, kThreeNodesOfTwoRanks}) {
+    SCOPED_TRACE(fmt::format("{} ranks, {} a node", job.ranks, job.ranks_per_node));
+    const ScratchDir dir;
+    train_tier_job(dir, job, {2, 4}, 2);
+    for (const int64_t rank : job.ranks_of_node(1)) {
+      StateDict replica = empty_memory_tier_state(rank);
+      load(replica, replica_dir(dir, job, 2, rank, 4));
+      expect_memory_tier_state(replica, rank, 4);
+      EXPECT_FALSE(fs::exists(replica_dir(dir, job, 0, rank, 4)));
+    }
+    fs::remove_all(dir.sub("memory/node-1"));
+
+    for (const TierRestore& result : restore_tier_job(dir, job, 4)) {
+      EXPECT_EQ(result.step, 4);
+      EXPECT_EQ(result.tier, RestoreTier::kPeerReplica);
+      EXPECT_EQ(result.fetched_ranks, job.ranks_of_node(1));
+      EXPECT_EQ(result.skipped, std::vector<std::string>{});
+    }
+  }
+}
+
+// Node 1 and node 2, which holds its replicas, are lost: rank 1 has no memory copy
+// anywhere, and the job takes storage's step, bit-identical, though node 0 and node 2's
+// replica on it hold a newer one.
+TEST(MemoryTier, OnARingOfThreeNodesALostNodeAndItsPeerResumeFromStorageAtItsStep) {
+  const ScratchDir dir;
+  train_tier_job(dir, kThreeNodesOfOneRank, {2, 4, 6}, 4);
+  fs::remove_all(dir.sub("memory/node-1"));
+  fs::remove_all(dir.sub("memory/node-2"));
+  for (const TierRestore& result : restore_tier_job(dir, kThreeNodesOfOneRank, 4)) {
+    EXPECT_EQ(result.step, 4);
+    EXPECT_EQ(result.tier, RestoreTier::kStorage);
+    EXPECT_EQ(result.fetched_ranks, std::vector<int64_t>{});
+  }
+}
+
+// Node 1 lost, a byte flips in the replicas node 2 holds for node 1's first rank: each
+// corrupt copy fails its checksums, is skipped and named, and the ranks agree again
+// (memory_tier.h): on the older step, from node 2's other replica (two ranks a node), or,
+// with both replicas corrupt, on storage's step (one rank a node).
+TEST(MemoryTier, OnARingOfThreeNodesACorruptReplicaOfTheLostNodeIsSkippedAndTheRanksAgreeAgain) {
+  struct CorruptCase {
+    TierJob job;
+    std::vector<int64_t> corrupt_steps;  // newest first, as the restore tries them
+    int64_t expected_step;
+    RestoreTier expected_tier;
+  };
+  for (const CorruptCase& test : {CorruptCase{kThreeNodesOfTwoRanks, {6}, 4, RestoreTier::kPeerReplica},
+                                  CorruptCase{kThreeNodesOfOneRank, {6, 4}, 2, RestoreTier::kStorage}}) {
+    const TierJob& job = test.job;
+    SCOPED_TRACE(fmt::format("{} ranks, {} a node", job.ranks, job.ranks_per_node));
+    const int64_t lost = job.ranks_of_node(1)[0];
+    const int64_t holder = job.ranks_of_node(2)[0];
+    const ScratchDir dir;
+    train_tier_job(dir, job, {2, 4, 6}, 2);
+    fs::remove_all(dir.sub("memory/node-1"));
+    for (const int64_t step : test.corrupt_steps) flip_a_data_byte(replica_dir(dir, job, 2, lost, step));
+
+    for (const TierRestore& result : restore_tier_job(dir, job, test.expected_step)) {
+      EXPECT_EQ(result.step, test.expected_step);
+      EXPECT_EQ(result.tier, test.expected_tier);
+      if (test.expected_tier == RestoreTier::kPeerReplica) EXPECT_EQ(result.fetched_ranks, job.ranks_of_node(1));
+      ASSERT_EQ(result.skipped.size(), test.corrupt_steps.size());
+      for (size_t i = 0; i < test.corrupt_steps.size(); ++i) {
+        const int64_t step = test.corrupt_steps[i];
+        EXPECT_TRUE(names_replica(result.skipped[i], lost, step, holder, replica_dir(dir, job, 2, lost, step)));
+      }
+    }
+  }
 }
 
 TEST(MemoryTier, OptionsAndLayoutsThatCannotWorkAreRefusedByName) {
