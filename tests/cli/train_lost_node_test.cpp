@@ -71,6 +71,17 @@ void lose_nodes_once_ready(const LostNodeJob& job, const RunDir& dir, const std:
   for (const int node : nodes) fs::remove_all(fs::path(memory) / fmt::format("node-{}", node));
 }
 
+// The job restarted with --resume: its exit status and output. A restart that hangs (a
+// rank left without its state, waiting for the others) is killed after two minutes and
+// reported so.
+CommandResult resume_job(const LostNodeJob& job, const RunDir& dir, const std::string& memory) {
+  BackgroundTrain run(dir, job.tiered(memory) + " --resume", job.model());
+  CommandResult result;
+  result.status = run.finish();
+  result.output = run.output();
+  return result;
+}
+
 // What "resume: from <tier> (step S[, ranks ... fetched theirs])" says; no tier if none.
 struct ResumedFrom {
   std::string tier;
@@ -94,7 +105,7 @@ TEST(TrainLostNode, ALostNodeResumesFromItsPeersReplicasAndEndsBitIdentical) {
   const std::string memory = memory_root.str();
   ASSERT_EQ(train(straight, job.args(), job.model()).status, 0);
   ASSERT_NO_FATAL_FAILURE(lose_nodes_once_ready(job, failed, memory, {1}, {job.replica(memory, 0, 2, 4)}));
-  const auto resumed = train(failed, job.tiered(memory) + " --resume", job.model());
+  const CommandResult resumed = resume_job(job, failed, memory);
   ASSERT_EQ(resumed.status, 0) << resumed.output;
   const ResumedFrom from = resumed_from(resumed.output);
   EXPECT_EQ(from.tier, "peer replica") << resumed.output;
@@ -110,7 +121,7 @@ TEST(TrainLostNode, OnARingOfThreeNodesNode1ResumesFromNode2sReplicasBitIdentica
   const std::string memory = memory_root.str();
   ASSERT_EQ(train(straight, job.args(), job.model()).status, 0);
   ASSERT_NO_FATAL_FAILURE(lose_nodes_once_ready(job, failed, memory, {1}, {job.replica(memory, 2, 1, 4)}));
-  const auto resumed = train(failed, job.tiered(memory) + " --resume", job.model());
+  const CommandResult resumed = resume_job(job, failed, memory);
   ASSERT_EQ(resumed.status, 0) << resumed.output;
   const ResumedFrom from = resumed_from(resumed.output);
   EXPECT_EQ(from.tier, "peer replica") << resumed.output;
