@@ -233,7 +233,14 @@ MemoryTierBenchResult run_memory_tier_rank(const MemoryTierBenchOptions& options
   r.memory_host_bytes = directory_bytes(memory_dir);
   TierRound round;
   for (int i = 0; i < options.rounds; ++i) {
-    const int64_t step = 3 + i;
+    // The tier as in a run (keep_last steps and the pages of a dropped one to write
+    // over), which the last round's restores cleared.
+    const int64_t step = 10 * (i + 1);
+    for (int64_t k = step - 3; k < step; ++k) {
+      if (!memory.save(k, s.state).error.empty() || !memory.finish_replication()->error.empty()) {
+        throw Error(fmt::format("bench memory-tier: the warm-up save of step {} failed", k));
+      }
+    }
     time_saves(s, step, memory, storage, group, round);
     time_restores(s, step, memory, storage, group, layout.node, round);
   }
