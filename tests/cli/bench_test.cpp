@@ -122,9 +122,11 @@ TEST(BenchMemoryTier, JsonHasEveryFigureAndBothDirectoriesAreEmptied) {
   if (run_command("stat -f -c %T " + storage.string()).output != "tmpfs\n") {
     EXPECT_LT(figures["storage_resident_fraction"].get<double>(), 0.5) << last;
   }
-  // Two steps kept, own and replica, of 2 ranks: 8 checkpoints of 2 MiB and their metadata.
+  // Two steps kept, own and replica, of 2 ranks: 8 checkpoints of 2 MiB and their metadata,
+  // and at most one more a directory (a dropped one's pages kept to write over: keep_last
+  // + 1, memory_tier_pages.h), 12 in all.
   EXPECT_GE(figures["memory_host_bytes"].get<int64_t>(), int64_t(16) << 20);
-  EXPECT_LT(figures["memory_host_bytes"].get<int64_t>(), int64_t(17) << 20);
+  EXPECT_LT(figures["memory_host_bytes"].get<int64_t>(), int64_t(25) << 20);
   EXPECT_EQ(figures["storage_mean_steps_lost"].get<double>(), 9.5);
   ASSERT_EQ(figures["steps_lost"].size(), 2u);
   EXPECT_EQ(figures["steps_lost"][0]["mean_steps_lost"].get<double>(), 0);
