@@ -31,6 +31,7 @@ std::vector<std::string> PageRecycler::spare_files() {
   }
   std::sort(sized.rbegin(), sized.rend());
   std::vector<std::string> paths;
+  paths.reserve(sized.size());
   for (auto& [size, path] : sized) paths.push_back(std::move(path));
   return paths;
 }
