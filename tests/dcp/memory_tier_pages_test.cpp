@@ -17,20 +17,12 @@
 #include <string>
 #include <vector>
 
-#include <sys/stat.h>
-
 namespace stowage::dcp::testing {
 namespace {
 namespace fs = std::filesystem;
 
 StateDict pages_state(int64_t numel, int64_t step) {
   return state_of({{"weights", at::arange(numel, at::kFloat).add_(static_cast<double>(step))}});
-}
-
-ino_t inode_of(const std::string& path) {
-  struct stat info {};
-  EXPECT_EQ(::stat(path.c_str(), &info), 0) << path;
-  return info.st_ino;
 }
 
 // The one data file of a memory checkpoint.

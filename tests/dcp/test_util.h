@@ -8,6 +8,7 @@
 #include "process_groups.h"
 #include "test_device.h"
 
+#include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace stowage::dcp::testing {
@@ -72,6 +74,12 @@ inline std::string read_file(const std::string& path) {
 inline void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << bytes;
+}
+
+inline ino_t inode_of(const std::string& path) {
+  struct stat info {};
+  EXPECT_EQ(::stat(path.c_str(), &info), 0) << path;
+  return info.st_ino;
 }
 
 inline std::string metadata_path(const std::string& dir) {

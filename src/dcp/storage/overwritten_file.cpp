@@ -15,7 +15,8 @@
 
 namespace stowage::dcp::detail {
 
-std::unique_ptr<WritableFile> OverwrittenFile::open(const std::string& from, const std::string& to) {
+std::unique_ptr<WritableFile> OverwrittenFile::open(const std::string& from, const std::string& to,
+                                                    KeptMappings& kept) {
   if (::rename(from.c_str(), to.c_str()) != 0) {
     util::throw_errno(fmt::format("cannot rename '{}' to '{}'", from, to), to, "rename", errno);
   }
@@ -26,17 +27,17 @@ std::unique_ptr<WritableFile> OverwrittenFile::open(const std::string& from, con
   if (::fstat(fd, &info) != 0) util::throw_errno(fmt::format("cannot stat '{}'", to), to, "stat", errno);
   if (!S_ISREG(info.st_mode)) util::throw_errno(fmt::format("'{}' is not a regular file", to), to, "open", EINVAL);
   const auto mapped = static_cast<int64_t>(info.st_size);
-  char* mapping = nullptr;
-  if (mapped > 0) {
+  char* mapping = mapped > 0 ? kept.take(fd, mapped) : nullptr;
+  if (mapped > 0 && mapping == nullptr) {
     void* map = ::mmap(nullptr, static_cast<size_t>(mapped), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (map == MAP_FAILED) util::throw_errno(fmt::format("cannot map '{}'", to), to, "mmap", errno);
     mapping = static_cast<char*>(map);
   }
-  return std::unique_ptr<WritableFile>(new OverwrittenFile(std::move(file), mapping, mapped));
+  return std::unique_ptr<WritableFile>(new OverwrittenFile(std::move(file), mapping, mapped, kept));
 }
 
-OverwrittenFile::OverwrittenFile(File file, char* mapping, int64_t mapped)
-    : file_(std::move(file)), mapping_(mapping), mapped_(mapped) {}
+OverwrittenFile::OverwrittenFile(File file, char* mapping, int64_t mapped, KeptMappings& kept)
+    : file_(std::move(file)), kept_(kept), mapping_(mapping), mapped_(mapped) {}
 
 OverwrittenFile::~OverwrittenFile() {
   unmap();
@@ -69,6 +70,10 @@ void OverwrittenFile::sync() {
 
 void OverwrittenFile::close() {
   if (!file_.is_open()) return;
+  if (mapping_ != nullptr && end_ == mapped_) {
+    kept_.keep(file_.fd(), mapping_, mapped_);  // the file's size: nothing to truncate
+    mapping_ = nullptr;
+  }
   unmap();
   if (::ftruncate(file_.fd(), end_) != 0) {
     util::throw_errno(fmt::format("cannot truncate '{}' to {} bytes", path(), end_), path(), "truncate", errno);

@@ -2,6 +2,7 @@
 // scratch_file.h's files and batch_io.h's reads and writes of them.
 #include "dcp/storage/batch_io.h"
 #include "dcp/storage/file_io.h"
+#include "dcp/storage/kept_mappings.h"
 #include "dcp/storage/mapped_file.h"
 #include "dcp/storage/overwritten_file.h"
 #include "dcp/storage/scratch_file.h"
@@ -92,7 +93,7 @@ class PosixEnv final : public Env {
     return std::make_unique<PosixWritableFile>(detail::File::create(path));
   }
   std::unique_ptr<WritableFile> reuse_file(const std::string& from, const std::string& to) override {
-    return detail::OverwrittenFile::open(from, to);
+    return detail::OverwrittenFile::open(from, to, kept_mappings_);
   }
   std::unique_ptr<ReadableFile> open_for_reading(const std::string& path) override {
     return std::make_unique<PosixReadableFile>(detail::File::open_for_reading(path));
@@ -105,10 +106,12 @@ class PosixEnv final : public Env {
   }
   void remove_file(const std::string& path) override {
     if (::unlink(path.c_str()) != 0) util::throw_errno(fmt::format("cannot remove '{}'", path), path, "unlink", errno);
+    kept_mappings_.release_unlinked();
   }
   void remove_tree(const std::string& path) override {
     std::error_code error;
     std::filesystem::remove_all(path, error);
+    kept_mappings_.release_unlinked();
     if (error) throw_filesystem_error("cannot remove", path, "unlink", error);
   }
   std::vector<std::string> list_directory(const std::string& path) override {
@@ -143,6 +146,9 @@ class PosixEnv final : public Env {
     return detail::PosixScratchFile::create(dir, stem, bytes);
   }
   std::unique_ptr<BatchIo> new_batch_io(BatchIoPath path) override { return detail::make_posix_batch_io(path); }
+
+ private:
+  detail::KeptMappings kept_mappings_;  // of the files reuse_file wrote over
 };
 
 }  // namespace
