@@ -1,5 +1,6 @@
 #include "dcp/storage/mapped_file.h"
 #include "util/errno_error.h"
+#include "util/streaming_copy.h"
 
 #include <stowage/error.h>
 
@@ -102,7 +103,7 @@ bool guarded_hash_update(XXH3_state_t* state, const char* data, size_t length) {
 }
 
 bool guarded_copy(char* destination, const char* source, size_t length) {
-  return guarded([&] { std::memcpy(destination, source, length); });
+  return guarded([&] { util::copy_streaming(destination, source, length); });
 }
 
 }  // namespace stowage::dcp::detail

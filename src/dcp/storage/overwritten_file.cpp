@@ -1,6 +1,7 @@
 #include "dcp/storage/overwritten_file.h"
 
 #include "util/errno_error.h"
+#include "util/streaming_copy.h"
 
 #include <fmt/format.h>
 
@@ -50,7 +51,7 @@ void OverwrittenFile::unmap() noexcept {
 
 void OverwrittenFile::write_at(const void* data, int64_t length, int64_t offset) {
   const int64_t into_mapping = mapping_ == nullptr ? 0 : std::clamp<int64_t>(mapped_ - offset, 0, length);
-  if (into_mapping > 0) std::memcpy(mapping_ + offset, data, static_cast<size_t>(into_mapping));
+  if (into_mapping > 0) util::copy_streaming(mapping_ + offset, data, static_cast<size_t>(into_mapping));
   if (into_mapping < length) {
     file_.write_at(static_cast<const char*>(data) + into_mapping, length - into_mapping, offset + into_mapping);
   }
