@@ -1,5 +1,7 @@
 #include "dcp/memory_tier_pages.h"
 
+#include "dcp/storage/file_io.h"
+
 #include <stowage/dcp/checkpoint_directory.h>
 
 #include <algorithm>
@@ -7,14 +9,7 @@
 #include <utility>
 
 namespace stowage::dcp {
-namespace {
 namespace fs = std::filesystem;
-
-bool is_data_file_name(const std::string& name) {
-  return name.rfind("data-", 0) == 0;
-}
-
-}  // namespace
 
 PageRecycler::PageRecycler(Env* target, std::string spare_directory)
     : EnvWrapper(target), spare_directory_(std::move(spare_directory)) {}
@@ -38,7 +33,7 @@ std::vector<std::string> PageRecycler::spare_files() {
 
 std::unique_ptr<WritableFile> PageRecycler::create_file(const std::string& path) {
   // A path that exists goes to create_file, which refuses it: nothing is replaced.
-  if (is_data_file_name(fs::path(path).filename().string()) && target()->file_type(path) == FileType::kAbsent) {
+  if (detail::is_data_file_name(fs::path(path).filename().string()) && target()->file_type(path) == FileType::kAbsent) {
     const std::vector<std::string> spares = spare_files();
     if (!spares.empty()) return target()->reuse_file(spares.front(), path);
   }
@@ -52,7 +47,8 @@ void PageRecycler::retire(const std::string& path) {
   auto spare_count = static_cast<int64_t>(spare_files().size());
   for (const std::string& name : target()->list_directory(path)) {
     const std::string file = (fs::path(path) / name).string();
-    if (spare_count >= kMaxSpareFiles || !is_data_file_name(name) || target()->file_type(file) != FileType::kRegular) {
+    if (spare_count >= kMaxSpareFiles || !detail::is_data_file_name(name) ||
+        target()->file_type(file) != FileType::kRegular) {
       continue;
     }
     // Spare names are the retired files' own: a save id makes each one unique.

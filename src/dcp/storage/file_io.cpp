@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
@@ -165,6 +166,19 @@ std::string new_save_id() {
   std::mt19937_64 generator((uint64_t(device()) << 32) ^ device() ^
                             uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()));
   return fmt::format("{:016x}", generator());
+}
+
+bool is_hex(const std::string& text, size_t from, size_t count) {
+  if (text.size() < from + count) return false;
+  for (size_t i = from; i < from + count; ++i) {
+    if (!std::isxdigit(static_cast<unsigned char>(text[i]))) return false;
+  }
+  return true;
+}
+
+bool is_data_file_name(const std::string& name) {
+  return name.rfind("data-", 0) == 0 && is_hex(name, 5, 16) && name.compare(21, 2, "-r") == 0 && name.size() > 28 &&
+         name.compare(name.size() - 5, 5, ".data") == 0;
 }
 
 }  // namespace stowage::dcp::detail

@@ -61,5 +61,10 @@ void refuse_special_file(Env& env, const std::string& path);
 std::string read_text_file(Env& env, const std::string& path);
 // 16 random hex digits.
 std::string new_save_id();
+// Whether `text` has `count` hex digits from `from` on.
+bool is_hex(const std::string& text, size_t from, size_t count);
+// A data file's name as FileSystemWriter makes them: "data-<save id>-r<rank>..." ending
+// in ".data".
+bool is_data_file_name(const std::string& name);
 
 }  // namespace stowage::dcp::detail

@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cctype>
 #include <exception>
 #include <unordered_set>
 
@@ -86,23 +85,14 @@ std::vector<FileJob> assign_files(const SavePlan& plan, const FileSystemWriterOp
   return jobs;
 }
 
-bool is_hex(const std::string& text, size_t from, size_t count) {
-  if (text.size() < from + count) return false;
-  for (size_t i = from; i < from + count; ++i) {
-    if (!std::isxdigit(static_cast<unsigned char>(text[i]))) return false;
-  }
-  return true;
-}
-
 // Whether `name` is a file a save of this writer creates: "data-<16 hex>-r..." ending
 // in ".data", or "<metadata>.tmp-<16 hex>". Nothing else in the directory is touched.
 bool is_save_file_name(const std::string& name) {
   static const std::string temp_prefix = std::string(kMetadataFileName) + ".tmp-";
   if (name.rfind(temp_prefix, 0) == 0) {
-    return name.size() == temp_prefix.size() + 16 && is_hex(name, temp_prefix.size(), 16);
+    return name.size() == temp_prefix.size() + 16 && detail::is_hex(name, temp_prefix.size(), 16);
   }
-  return name.rfind("data-", 0) == 0 && is_hex(name, 5, 16) && name.compare(21, 2, "-r") == 0 && name.size() > 28 &&
-         name.compare(name.size() - 5, 5, ".data") == 0;
+  return detail::is_data_file_name(name);
 }
 
 // For cleaning up: a file that cannot be removed stays an orphan, which a later save removes.
