@@ -8,6 +8,7 @@
 #include <stowage/activation/sequential.h>
 #include <stowage/activation/tensor_like.h>
 #include <stowage/build_info.h>
+#include <stowage/byte_count.h>
 #include <stowage/dcp/dcp.h>
 #include <stowage/dist/gradient_reducer.h>
 #include <stowage/dist/preemption.h>

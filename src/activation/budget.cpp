@@ -1,6 +1,7 @@
 #include <stowage/activation/budget.h>
 
 #include <stowage/activation/policy.h>
+#include <stowage/byte_count.h>
 #include <stowage/error.h>
 
 #include <fmt/format.h>
@@ -20,10 +21,6 @@ struct Suffix {
   double recompute_s;
   std::vector<BlockPlan> plans;  // from the last block back
 };
-
-std::string format_size(int64_t bytes) {
-  return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20));
-}
 
 // The suffixes that no other beats in both peak and time, by increasing peak (so by
 // decreasing time).
@@ -220,11 +217,11 @@ FittedPlan fit_activation_budget(torch::nn::Sequential& blocks, std::vector<Bloc
     throw;
   }
   clear_activation_checkpointing(*blocks);
-  throw InvalidArgument(fmt::format(
-      "activation budget: {} ({} bytes) is below the smallest activation peak any plan reaches: {} ({} bytes, "
-      "measured with {}; without checkpointing {})",
-      format_size(budget_bytes), budget_bytes, format_size(fitted.measured_peak_bytes), fitted.measured_peak_bytes,
-      fitted.plan.describe(), format_size(unplanned_peak)));
+  throw InvalidArgument(
+      fmt::format("activation budget: {} is below the smallest activation peak any plan reaches: {}, measured with {} "
+                  "(without checkpointing {})",
+                  bytes_exactly(budget_bytes), bytes_exactly(fitted.measured_peak_bytes), fitted.plan.describe(),
+                  bytes_exactly(unplanned_peak)));
 }
 
 }  // namespace stowage::activation

@@ -1,5 +1,6 @@
 #include "dcp/staging_waves.h"
 
+#include <stowage/byte_count.h>
 #include <stowage/dcp/staging.h>
 #include <stowage/error.h>
 #include <stowage/memory/host_buffer.h>
@@ -46,15 +47,6 @@ StagingFootprint staging_footprint(const SaveableState& state) {
   return footprint_of(state.leaves());
 }
 
-std::string describe_bytes(int64_t bytes) {
-  constexpr double kKiB = 1024.0;
-  const auto value = static_cast<double>(bytes);
-  if (value >= kKiB * kKiB * kKiB) return fmt::format("{} bytes ({:.2f} GiB)", bytes, value / (kKiB * kKiB * kKiB));
-  if (value >= kKiB * kKiB) return fmt::format("{} bytes ({:.2f} MiB)", bytes, value / (kKiB * kKiB));
-  if (value >= kKiB) return fmt::format("{} bytes ({:.2f} KiB)", bytes, value / kKiB);
-  return fmt::format("{} bytes", bytes);
-}
-
 namespace detail {
 
 StagingWaves::StagingWaves(const FlatStateDict& source, int64_t budget_bytes) {
@@ -63,8 +55,8 @@ StagingWaves::StagingWaves(const FlatStateDict& source, int64_t budget_bytes) {
     throw InvalidArgument(fmt::format(
         "a staging budget of {} is smaller than the entry '{}' ({}), which is staged whole: the smallest staging "
         "budget that fits this state is {}",
-        describe_bytes(budget_bytes), footprint.largest_entry, describe_bytes(footprint.largest_entry_bytes),
-        describe_bytes(footprint.largest_entry_bytes)));
+        bytes_exactly(budget_bytes), footprint.largest_entry, bytes_exactly(footprint.largest_entry_bytes),
+        bytes_exactly(footprint.largest_entry_bytes)));
   }
   int64_t wave_bytes = 0;
   const std::vector<FlatEntry>& entries = source.entries();

@@ -3,6 +3,8 @@
 #include "sim/runtime.h"
 #include "sim/stream_queue.h"
 
+#include <stowage/byte_count.h>
+
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
@@ -53,10 +55,6 @@ std::array<DeviceState, kMaxDevices>& states() {
 }
 
 std::mutex g_access_mutex;  // guards every Block's queued_reads and queued_writes
-
-std::string human(int64_t bytes) {
-  return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / (1 << 20));
-}
 
 int64_t reserved(const DeviceState& state) {
   return state.stats.allocated_bytes[0].current + state.pending_bytes + state.cached_bytes;
@@ -121,10 +119,10 @@ void free_block(void* context) {
   const int64_t allocated = state.stats.allocated_bytes[0].current;
   const int64_t free = std::max<int64_t>(0, capacity - reserved(state));
   TORCH_CHECK_WITH(OutOfMemoryError, false,
-                   fmt::format("sim:{} is out of memory: tried to allocate {} bytes ({}); the device holds {} bytes "
-                               "({}), of which {} bytes ({}) are allocated and {} bytes ({}) are free",
-                               device, nbytes, human(static_cast<int64_t>(nbytes)), capacity, human(capacity),
-                               allocated, human(allocated), free, human(free)));
+                   fmt::format("sim:{} is out of memory: tried to allocate {}; the device holds {}, of which {} are "
+                               "allocated and {} are free",
+                               device, bytes_exactly(static_cast<int64_t>(nbytes)), bytes_exactly(capacity),
+                               bytes_exactly(allocated), bytes_exactly(free)));
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "train/checkpoint_host_budget.h"
 
+#include <stowage/byte_count.h>
 #include <stowage/dcp/metadata.h>
 #include <stowage/error.h>
 
@@ -54,13 +55,13 @@ int64_t staging_budget(int64_t budget, const dcp::StagingFootprint& footprint, i
   if (budget < smallest) {
     const std::string tier =
         tier_reserve > 0 ? fmt::format(", plus {} for the memory tier's checkpoints (keep_last + 1, own and replicas)",
-                                       dcp::describe_bytes(tier_reserve))
+                                       bytes_exactly(tier_reserve))
                          : "";
     throw InvalidArgument(fmt::format(
         "TrainerOptions: checkpoint_host_budget_bytes of {} is too small; the smallest that fits is {}: the largest "
         "entry, '{}' of {}, staged whole{}",
-        dcp::describe_bytes(budget), dcp::describe_bytes(smallest), footprint.largest_entry,
-        dcp::describe_bytes(footprint.largest_entry_bytes), tier));
+        bytes_exactly(budget), bytes_exactly(smallest), footprint.largest_entry,
+        bytes_exactly(footprint.largest_entry_bytes), tier));
   }
   return budget - tier_reserve;
 }

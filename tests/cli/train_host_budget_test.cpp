@@ -67,8 +67,8 @@ TEST(TrainHostBudget, AnImpossibleBudgetIsRefusedBeforeTheFirstStepNamingTheSmal
   RunDir dir;
   const auto result = train(dir, "--steps 4 --ckpt-every 2 --ckpt-host-budget 16KiB");
   EXPECT_NE(result.status, 0);
-  EXPECT_NE(result.output.find("checkpoint_host_budget_bytes of 16384 bytes (16.00 KiB) is too small; the smallest "
-                               "that fits is 65536 bytes (64.00 KiB)"),
+  EXPECT_NE(result.output.find("checkpoint_host_budget_bytes of 16384 bytes (16.0 KiB) is too small; the smallest "
+                               "that fits is 65536 bytes (64.0 KiB)"),
             std::string::npos)
       << result.output;
   EXPECT_FALSE(fs::exists(dir.path / "metrics.jsonl")) << "nothing was trained";

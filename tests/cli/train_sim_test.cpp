@@ -28,7 +28,7 @@ TEST(TrainOnSim, APlainRunPastTheCapacityFailsWithTheDevicesOutOfMemoryErrorAndS
   const auto plain = train_on_sim(plain_dir, "16MiB", "--steps 2 --swap-times 0 --recompute-segments 0");
   EXPECT_EQ(plain.status, 3) << plain.output;  // a device out of memory: stowage bench capacity reads it
   EXPECT_THAT(plain.output, HasSubstr("sim:0 is out of memory: tried to allocate "));
-  EXPECT_THAT(plain.output, HasSubstr("the device holds 16777216 bytes (16.00 MiB)"));
+  EXPECT_THAT(plain.output, HasSubstr("the device holds 16777216 bytes (16.0 MiB)"));
   RunDir stowage_dir;
   const auto with_stowage = train_on_sim(stowage_dir, "16MiB", "--steps 2 --swap-times 4 --recompute-segments 4");
   EXPECT_EQ(with_stowage.status, 0) << with_stowage.output;

@@ -5,8 +5,8 @@
 // export then read the one dcp::checkpoint_to_read picks, and say which.
 #include "cli_numbers.h"
 #include "commands.h"
-#include "train_progress.h"
 
+#include <stowage/byte_count.h>
 #include <stowage/dcp/checkpoint_directory.h>
 #include <stowage/dcp/metadata.h>
 #include <stowage/dcp/verify.h>
@@ -102,7 +102,7 @@ void list(const std::string& dir, bool as_json, bool all) {
                row["step"].is_null() ? "-" : std::to_string(row["step"].get<int64_t>()),
                committed ? "committed" : "uncommitted", committed ? row["format"].get<std::string>() : "-",
                committed ? std::to_string(row["entries"].get<size_t>()) : "-",
-               committed ? format_bytes(row["bytes"].get<int64_t>()) : "-", row["path"].get<std::string>());
+               committed ? bytes_in_units(row["bytes"].get<int64_t>()) : "-", row["path"].get<std::string>());
   }
 }
 
@@ -121,7 +121,7 @@ void inspect(const std::string& dir, bool as_json) {
   }
   const std::string format = checksummed ? fmt::format("stowage format {}", metadata.version) : "PyTorch DCP";
   fmt::print("{}: {}, save {}, {} rank(s), {} entries, {}\n", picked.checkpoint.path, format, metadata.save_id,
-             metadata.world_size, metadata.entries.size(), format_bytes(dcp::tensor_bytes(metadata)));
+             metadata.world_size, metadata.entries.size(), bytes_in_units(dcp::tensor_bytes(metadata)));
   for (const auto& row : described["entries"]) {
     if (!row.contains("dtype")) {
       fmt::print("  {:<48} value {}\n", row["key"].get<std::string>(), row["value"].get<std::string>());
@@ -131,8 +131,8 @@ void inspect(const std::string& dir, bool as_json) {
     for (const auto& chunk : row["chunks"]) checksums.push_back(chunk["checksum"].get<std::string>());
     const std::string shape = fmt::format("[{}]", fmt::join(row["shape"].get<std::vector<int64_t>>(), ", "));
     fmt::print("  {:<48} {:<9} {:<14} {:>10}  {} chunk(s) xxh3 {}\n", row["key"].get<std::string>(),
-               row["dtype"].get<std::string>(), shape, format_bytes(row["bytes"].get<int64_t>()), row["chunks"].size(),
-               fmt::join(checksums, ","));
+               row["dtype"].get<std::string>(), shape, bytes_in_units(row["bytes"].get<int64_t>()),
+               row["chunks"].size(), fmt::join(checksums, ","));
   }
 }
 
@@ -152,7 +152,7 @@ bool verify(const std::string& dir, bool as_json) {
     fmt::print("{}\n", result.dump(2));
   } else if (report.ok()) {
     fmt::print("{}: ok, {} chunks ({}) verified\n", picked.checkpoint.path, report.chunks_verified,
-               format_bytes(report.bytes_verified));
+               bytes_in_units(report.bytes_verified));
   } else {
     fmt::print("{}: FAILED after {} good chunks: {}\n", picked.checkpoint.path, report.chunks_verified, report.error);
   }
@@ -177,7 +177,7 @@ void print_transfer(const char* verb, const std::vector<std::string>& files, int
     fmt::print("{}\n", result.dump(2));
     return;
   }
-  fmt::print("{} {} tensors ({}) and {} values in {:.2f} s ({:.2f} GB/s): {}\n", verb, tensors, format_bytes(bytes),
+  fmt::print("{} {} tensors ({}) and {} values in {:.2f} s ({:.2f} GB/s): {}\n", verb, tensors, bytes_in_units(bytes),
              values, seconds, seconds > 0 ? double(bytes) / seconds / 1e9 : 0.0, fmt::join(files, ", "));
 }
 

@@ -1,5 +1,6 @@
 #include "train_progress.h"
 
+#include <stowage/byte_count.h>
 #include <stowage/dist/preemption.h>
 
 #include <stowage/error.h>
@@ -15,17 +16,6 @@
 #include <utility>
 
 namespace stowage::cli {
-
-std::string format_bytes(int64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (value >= 1024 && unit < 4) {
-    value /= 1024;
-    ++unit;
-  }
-  return unit == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.1f} {}", value, units[unit]);
-}
 
 namespace {
 
@@ -72,12 +62,12 @@ std::vector<ProgressField> progress_fields(const train::StepRecord& r, const tra
       {fmt::format("loss {:.3f}", r.loss), 1},
       {fmt::format("{:.0f} tok/s", r.tokens_per_s), 2},
       {fmt::format("{:.0f} ms", r.step_s * 1e3), 5},
-      {fmt::format("act {}", format_bytes(r.peak_activation_bytes)), 6},
-      {fmt::format("optim {}", format_bytes(r.optimizer_resident_bytes)), 7},
-      {fmt::format("grads {}", format_bytes(r.gradient_bytes)), 8},
-      {fmt::format("peak {}", format_bytes(r.peak_step_bytes)), 9},
-      {fmt::format("host ckpt {} + swap {}", format_bytes(r.checkpoint_host_bytes),
-                   format_bytes(r.optimizer_host_bytes)),
+      {fmt::format("act {}", bytes_in_units(r.peak_activation_bytes)), 6},
+      {fmt::format("optim {}", bytes_in_units(r.optimizer_resident_bytes)), 7},
+      {fmt::format("grads {}", bytes_in_units(r.gradient_bytes)), 8},
+      {fmt::format("peak {}", bytes_in_units(r.peak_step_bytes)), 9},
+      {fmt::format("host ckpt {} + swap {}", bytes_in_units(r.checkpoint_host_bytes),
+                   bytes_in_units(r.optimizer_host_bytes)),
        10},
   };
   for (std::string& tier : tier_texts(tiers)) fields.push_back({std::move(tier), 4});  // they go together
@@ -124,9 +114,9 @@ void Progress::step(const train::StepRecord& r) {
     fmt::print(
         "step {}/{} loss {:.4f} {:.0f} tok/s {:.0f} ms/step act-peak {} step-peak {} optim-resident {} grads {} "
         "host-ckpt {} host-optim {}{}\n",
-        r.step, r.total_steps, r.loss, r.tokens_per_s, r.step_s * 1e3, format_bytes(r.peak_activation_bytes),
-        format_bytes(r.peak_step_bytes), format_bytes(r.optimizer_resident_bytes), format_bytes(r.gradient_bytes),
-        format_bytes(r.checkpoint_host_bytes), format_bytes(r.optimizer_host_bytes), memory_tiers);
+        r.step, r.total_steps, r.loss, r.tokens_per_s, r.step_s * 1e3, bytes_in_units(r.peak_activation_bytes),
+        bytes_in_units(r.peak_step_bytes), bytes_in_units(r.optimizer_resident_bytes), bytes_in_units(r.gradient_bytes),
+        bytes_in_units(r.checkpoint_host_bytes), bytes_in_units(r.optimizer_host_bytes), memory_tiers);
     std::fflush(stdout);
   }
 }
@@ -154,7 +144,7 @@ void Progress::checkpoint(const dcp::SaveReport& r) {
     draw();
   } else {
     fmt::print("checkpoint step {}: {} staged in {:.1f} ms, committed at {:.2f} GB/s -> {}\n", r.step,
-               format_bytes(r.bytes), r.blocked_s * 1e3, train::committed_gbps(r), r.path);
+               bytes_in_units(r.bytes), r.blocked_s * 1e3, train::committed_gbps(r), r.path);
     std::fflush(stdout);
   }
 }
@@ -166,8 +156,8 @@ void Progress::end(const train::RunSummary& s) {
   message(fmt::format(
       "done: steps {}-{} in {:.3f} s, loss {:.3f} -> {:.3f}, peak activations {}, between steps: optimizer state "
       "{}, gradients {}; at peak: {} beyond the parameters",
-      s.first_step, s.last_step, s.seconds, s.first_loss, s.last_loss, format_bytes(s.peak_activation_bytes),
-      format_bytes(s.optimizer_resident_bytes), format_bytes(s.gradient_bytes), format_bytes(s.peak_step_bytes)));
+      s.first_step, s.last_step, s.seconds, s.first_loss, s.last_loss, bytes_in_units(s.peak_activation_bytes),
+      bytes_in_units(s.optimizer_resident_bytes), bytes_in_units(s.gradient_bytes), bytes_in_units(s.peak_step_bytes)));
 }
 
 void Progress::message(const std::string& text) {

@@ -66,6 +66,4 @@ class Progress final : public train::EventSink {
   std::optional<train::StepRecord> last_step_;
 };
 
-std::string format_bytes(int64_t bytes);
-
 }  // namespace stowage::cli

@@ -2,12 +2,12 @@
 
 #include "cli_numbers.h"
 #include "train_checks.h"
-#include "train_progress.h"
 
 #include <stowage/activation/budget.h>
 #include <stowage/activation/checkpoint.h>
 #include <stowage/activation/policy.h>
 #include <stowage/activation/sequential.h>
+#include <stowage/byte_count.h>
 #include <stowage/error.h>
 #include <stowage/memory/accounting.h>
 #include <stowage/optim/swap_optimizer.h>
@@ -81,7 +81,7 @@ void check_run(const TrainOptions& options) {
     const int64_t least = optim::min_disk_host_budget(make_model(options)->parameters(), config);
     if (*parse_byte_size(options.swap_host_budget) < least) {
       throw InvalidArgument(fmt::format("--swap-host-budget {} is below the {} the disk tier needs for this model",
-                                        options.swap_host_budget, format_bytes(least)));
+                                        options.swap_host_budget, bytes_in_units(least)));
     }
   }
   train::check_run_directory(options.run_dir, run_config(options), options.resume, options.allow_config_change);
@@ -89,8 +89,8 @@ void check_run(const TrainOptions& options) {
 
 std::string ActivationCheckpointing::describe() const {
   if (budget_bytes == 0) return picked;
-  return fmt::format("{} for a budget of {} (a step measured {})", picked, format_bytes(budget_bytes),
-                     format_bytes(measured_peak_bytes));
+  return fmt::format("{} for a budget of {} (a step measured {})", picked, bytes_in_units(budget_bytes),
+                     bytes_in_units(measured_peak_bytes));
 }
 
 ActivationCheckpointing configure_activation_checkpointing(LanguageModel& model, const TrainOptions& options,

@@ -38,9 +38,6 @@ struct StagingFootprint {
 };
 StagingFootprint staging_footprint(const SaveableState& state);
 
-// "1048576 bytes (1.0 MiB)": a byte count in bytes and binary units, for messages.
-std::string describe_bytes(int64_t bytes);
-
 // The staging protocol async_save drives.
 class AsyncStager {
  public:
