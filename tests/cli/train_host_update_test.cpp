@@ -22,9 +22,11 @@ TEST(TrainHostUpdate, BadOptionsAreNamed) {
   };
   expect_refused("--optimizer-update host --offload-fraction 1.5", "1.5 is not in [0, 1]");
   expect_refused("--optimizer-update gpu", "--optimizer-update");
+  // The swap's own refusals, as the library words them.
   expect_refused("--offload-fraction 0.5",
-                 "--offload-fraction 0.5 splits the update between device and host: it needs --optimizer-update host");
-  expect_refused("--optimizer-update host --swap-to disk:/tmp", "not with --swap-to disk:/tmp");
+                 "offload_fraction (0.5) splits the update between device and host: it needs update_on_host(true)");
+  expect_refused("--optimizer-update host --swap-to disk:/tmp",
+                 "update_on_host updates the states in host memory; the disk tier (swap_dir '/tmp') is not supported");
   expect_refused("--optimizer-update host --offload-fraction 0.5 --swap-times 0", "pass --swap-times N > 0 with it");
   EXPECT_FALSE(fs::exists(dir.path)) << "created " << dir.str();
 }

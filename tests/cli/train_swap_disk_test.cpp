@@ -30,7 +30,8 @@ TEST(TrainSwapDisk, BadSwapOptionsAreNamed) {
   EXPECT_THAT(bad_tier.output, ::testing::HasSubstr("--swap-to 'tape': expected 'host' or 'disk:DIR'"));
   const auto budget_on_host = train(dir, "--steps 1 --swap-host-budget 1MiB");
   EXPECT_NE(budget_on_host.status, 0);
-  EXPECT_THAT(budget_on_host.output, ::testing::HasSubstr("it needs --swap-to disk:DIR"));
+  EXPECT_THAT(budget_on_host.output, ::testing::HasSubstr("host_budget_bytes (1048576) bounds the disk tier's buffers, "
+                                                          "but swap_dir is empty (host tier)"));
   const auto missing_dir = train(dir, "--steps 1 --swap-to disk:/nonexistent/stowage");
   EXPECT_NE(missing_dir.status, 0);
   EXPECT_THAT(missing_dir.output,

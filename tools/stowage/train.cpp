@@ -40,16 +40,8 @@ train::TrainerOptions trainer_options(const TrainOptions& options, c10::Device d
                                       std::shared_ptr<Progress>& progress) {
   std::vector<int> signals;
   for (const std::string& name : options.preempt_signals) signals.push_back(*parse_signal(name));  // validated
-  const bool on_host = options.optimizer_update == "host";
   std::optional<optim::SwapOptimizerConfig> swap;
-  if (options.swap_times > 0 || on_host) {
-    // The host update is a mode of the swap; with --swap-times 0 the whole update is on the
-    // host (check_train_options), and its one batch of the swap is never used.
-    swap = optim::SwapOptimizerConfig().swap_times(std::max<int64_t>(1, options.swap_times));
-    if (!swap_dir(options).empty()) swap->swap_dir(swap_dir(options));
-    if (!options.swap_host_budget.empty()) swap->host_budget_bytes(*parse_byte_size(options.swap_host_budget));
-    if (on_host) swap->update_on_host(true).offload_fraction(options.offload_fraction);
-  }
+  if (options.swap_times > 0 || options.optimizer_update == "host") swap = swap_config(options);
   const auto on_failure =
       options.on_save_failure == "stop" ? dcp::SaveFailurePolicy::kStop : dcp::SaveFailurePolicy::kContinue;
   return train::TrainerOptions(options.run_dir)

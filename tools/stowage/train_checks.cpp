@@ -1,11 +1,14 @@
 #include "train_checks.h"
 
+#include "cli_numbers.h"
+
 #include <stowage/error.h>
 
 #include <fmt/format.h>
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 
 namespace stowage::cli {
@@ -20,32 +23,17 @@ std::string swap_dir(const TrainOptions& options) {
   throw InvalidArgument(fmt::format("--swap-to '{}': expected 'host' or 'disk:DIR'", options.swap_to));
 }
 
-namespace {
-
-void check_optimizer_update(const TrainOptions& options, const std::string& swap_dir) {
-  const auto refuse = [](const std::string& text) { throw InvalidArgument(text); };
-  if (options.optimizer_update != "host") {
-    if (options.offload_fraction != 1) {
-      refuse(
-          fmt::format("--offload-fraction {} splits the update between device and host: it needs "
-                      "--optimizer-update host",
-                      options.offload_fraction));
-    }
-    return;
-  }
-  if (!swap_dir.empty()) {
-    refuse("--optimizer-update host keeps the optimizer's states in host memory: not with --swap-to " +
-           options.swap_to);
-  }
-  if (options.offload_fraction < 1 && options.swap_times == 0) {
-    refuse(
-        fmt::format("--offload-fraction {} leaves part of the update on the device, which goes through the "
-                    "swap: pass --swap-times N > 0 with it",
-                    options.offload_fraction));
-  }
+optim::SwapOptimizerConfig swap_config(const TrainOptions& options) {
+  // The host update is a mode of the swap; with --swap-times 0 the whole update is on the
+  // host (check_train_options), and the swap's one batch is never used.
+  auto config = optim::SwapOptimizerConfig()
+                    .swap_times(std::max<int64_t>(1, options.swap_times))
+                    .swap_dir(swap_dir(options))
+                    .update_on_host(options.optimizer_update == "host")
+                    .offload_fraction(options.offload_fraction);
+  if (!options.swap_host_budget.empty()) config.host_budget_bytes(*parse_byte_size(options.swap_host_budget));
+  return config;
 }
-
-}  // namespace
 
 void check_train_options(const TrainOptions& options, int64_t world_size) {
   const auto refuse = [](const std::string& text) { throw InvalidArgument(text); };
@@ -76,15 +64,18 @@ void check_train_options(const TrainOptions& options, int64_t world_size) {
   }
   const std::string dir = swap_dir(options);
   if (!dir.empty() && options.swap_times == 0) refuse("--swap-to " + options.swap_to + " needs --swap-times N > 0");
-  if (!options.swap_host_budget.empty() && dir.empty()) {
-    refuse("--swap-host-budget " + options.swap_host_budget +
-           " bounds the disk tier's buffers: it needs "
-           "--swap-to disk:DIR");
-  }
   if (!dir.empty() && (!fs::is_directory(dir) || access(dir.c_str(), W_OK | X_OK) != 0)) {
     refuse(fmt::format("--swap-to {}: '{}' is not a directory this process can write to", options.swap_to, dir));
   }
-  check_optimizer_update(options, dir);
+  if (options.optimizer_update == "host" && options.offload_fraction < 1 && options.swap_times == 0) {
+    refuse(
+        fmt::format("--offload-fraction {} leaves part of the update on the device, which goes through the "
+                    "swap: pass --swap-times N > 0 with it",
+                    options.offload_fraction));
+  }
+  // The swap's own refusals (a host budget without the disk tier, a fraction without the
+  // host update, the host update with the disk tier), as the library words them.
+  swap_config(options).validate();
   if (!fs::exists(options.corpus)) refuse(fmt::format("--corpus {}: no such file or directory", options.corpus));
   if (!options.resume_from.empty() && !fs::exists(options.resume_from)) {
     refuse(fmt::format("--resume-from {}: no such checkpoint", options.resume_from));

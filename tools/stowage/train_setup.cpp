@@ -77,8 +77,7 @@ LanguageModel make_model(const TrainOptions& options) {
 
 void check_run(const TrainOptions& options) {
   if (!options.swap_host_budget.empty()) {
-    const auto config = optim::SwapOptimizerConfig().swap_times(options.swap_times).swap_dir(swap_dir(options));
-    const int64_t least = optim::min_disk_host_budget(make_model(options)->parameters(), config);
+    const int64_t least = optim::min_disk_host_budget(make_model(options)->parameters(), swap_config(options));
     if (*parse_byte_size(options.swap_host_budget) < least) {
       throw InvalidArgument(fmt::format("--swap-host-budget {} is below the {} the disk tier needs for this model",
                                         options.swap_host_budget, bytes_in_units(least)));
