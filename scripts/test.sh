@@ -19,16 +19,15 @@ libtorchs=(debian wheel)
 # Figures marked ~ are estimates: half the CPU-seconds measured, step by step, on the two
 # cores (docs/reliability.md, "CI", "Shorter cold steps").
 declare -A budget=(
-  ["debian build"]=520  # apt set-up, then the cold build: 489 s (2026-12-05); ~462 s since (library batches of 16)
-  ["debian ctest"]=260  # one process a suite: 206 s
+  ["debian build"]=520  # apt set-up, then the cold build: 489 s (2026-12-05); 579 s (2026-12-06, stop 51)
+  ["debian ctest"]=260  # one process a suite: 206 s; 257 s (2026-12-06)
   ["python env"]=60     # what is left of it once Debian's build is done: 0 s (170 s alone)
-  ["wheel build"]=580   # the cold build: 575 s; ~548 s since (library batches of 16)
-  ["wheel ctest"]=330   # one process a suite: 279 s
+  ["wheel build"]=580   # the cold build: 575 s; 558 s (2026-12-06)
+  ["wheel ctest"]=330   # one process a suite: 279 s; 351 s (2026-12-06)
   [format]=10           # 1 s
-  [tidy]=450            # the whole tree in 11 joined units, nothing remembered: 693 CPU-s, ~350 s
-  [sanitize]=440        # the ASan + UBSan build at -O1 -g1 and its five suites: 441 s; ~402 s since
-                        # (library batches of 16, no dcp_dist_worker)
-  [fuzz]=180            # the fuzzers' build, then the three at once for 45 s: 162 s
+  [tidy]=450            # the whole tree in 13 joined units, nothing remembered: 363 s (2026-12-06)
+  [sanitize]=440        # the ASan + UBSan build at -O1 -g1 and its five suites: 441 s; 462 s (2026-12-06)
+  [fuzz]=180            # the fuzzers' build, then the three at once for 45 s: 162 s; 185 s (2026-12-06)
 )
 steps=()
 declare -A took=()
