@@ -15,6 +15,7 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
 namespace stowage::dcp::testing {
 namespace {
 namespace fs = std::filesystem;
@@ -85,11 +86,11 @@ TEST(KeptMappings, AFileThatChangedSizeSinceItsMappingWasKeptIsMappedAfresh) {
   const ino_t inode = inode_of(dir.sub("a"));
   write_over(dir.sub("a"), dir.sub("b"), bytes_of('b', kBytes));
   fs::resize_file(dir.sub("b"), 4 * kBytes);
-  write_over(dir.sub("b"), dir.sub("c"), bytes_of('c', 4 * kBytes));  // stores past the kept mapping's end
+  write_over(dir.sub("b"), dir.sub("c"), bytes_of('c', 4 * kBytes));  // past the kept mapping's end
   EXPECT_EQ(read_file(dir.sub("c")), bytes_of('c', 4 * kBytes));
   EXPECT_EQ(mappings_of(inode), std::vector<int64_t>{4 * kBytes});
   fs::resize_file(dir.sub("c"), kBytes / 2);
-  write_over(dir.sub("c"), dir.sub("d"), bytes_of('d', kBytes / 2));  // a store past the file's end faults
+  write_over(dir.sub("c"), dir.sub("d"), bytes_of('d', kBytes / 2));  // through the kept mapping: past the end
   EXPECT_EQ(read_file(dir.sub("d")), bytes_of('d', kBytes / 2));
   EXPECT_EQ(mappings_of(inode), std::vector<int64_t>{kBytes / 2});
   Env::posix()->remove_file(dir.sub("d"));
