@@ -191,6 +191,11 @@ void time_restores(TierBenchState& s, int64_t step, dcp::MemoryTier& memory, dcp
   round.restore_storage_s.push_back(time_restore(s, step, memory, storage, group, dcp::RestoreTier::kStorage));
 }
 
+// a / b, 0 when b is.
+double ratio_of(double a, double b) {
+  return b > 0 ? a / b : 0.0;
+}
+
 }  // namespace
 
 double mean_steps_lost(int64_t every) {
@@ -207,6 +212,22 @@ double MemoryTierBenchResult::memory_replicated_gbps() const {
 
 double MemoryTierBenchResult::storage_save_gbps() const {
   return storage_commit_s > 0 ? gbps(bytes_per_rank * ranks, storage_commit_s) : 0;
+}
+
+double MemoryTierBenchResult::save_ratio() const {
+  return ratio_of(memory_save_gbps(), storage_save_gbps());
+}
+
+double MemoryTierBenchResult::replicated_save_ratio() const {
+  return ratio_of(memory_replicated_gbps(), storage_save_gbps());
+}
+
+double MemoryTierBenchResult::memory_restore_ratio() const {
+  return ratio_of(restore_storage_s, restore_memory_s);
+}
+
+double MemoryTierBenchResult::replica_restore_ratio() const {
+  return ratio_of(restore_storage_s, restore_replica_s);
 }
 
 MemoryTierBenchResult run_memory_tier_rank(const MemoryTierBenchOptions& options, const std::string& memory_dir,
@@ -264,7 +285,6 @@ json to_json(const MemoryTierBenchResult& r) {
                           {"mean_steps_lost", mean_steps_lost(every)},
                           {"memory_save_s_per_step", r.memory_save_s / static_cast<double>(every)}});
   }
-  const auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
   return {{"ranks", r.ranks},
           {"ranks_per_node", r.ranks_per_node},
           {"bytes_per_rank", r.bytes_per_rank},
@@ -276,13 +296,13 @@ json to_json(const MemoryTierBenchResult& r) {
           {"storage_block_s", r.storage_block_s},
           {"storage_commit_s", r.storage_commit_s},
           {"storage_save_gbps", r.storage_save_gbps()},
-          {"memory_over_storage_save", ratio(r.memory_save_gbps(), r.storage_save_gbps())},
-          {"replicated_over_storage_save", ratio(r.memory_replicated_gbps(), r.storage_save_gbps())},
+          {"memory_over_storage_save", r.save_ratio()},
+          {"replicated_over_storage_save", r.replicated_save_ratio()},
           {"restore_memory_s", r.restore_memory_s},
           {"restore_replica_s", r.restore_replica_s},
           {"restore_storage_cold_s", r.restore_storage_s},
-          {"storage_over_memory_restore", ratio(r.restore_storage_s, r.restore_memory_s)},
-          {"storage_over_replica_restore", ratio(r.restore_storage_s, r.restore_replica_s)},
+          {"storage_over_memory_restore", r.memory_restore_ratio()},
+          {"storage_over_replica_restore", r.replica_restore_ratio()},
           {"storage_resident_fraction", r.storage_resident_fraction},
           {"memory_host_bytes", r.memory_host_bytes},
           {"storage_every", r.storage_every},
@@ -312,10 +332,6 @@ MemoryTierBenchResult memory_tier_result_from_json(const json& j) {
 
 std::string to_text(const MemoryTierBenchResult& r) {
   constexpr double kMiB = 1024.0 * 1024.0;
-  const double save_ratio = r.storage_save_gbps() > 0 ? r.memory_save_gbps() / r.storage_save_gbps() : 0;
-  const double replicated_ratio = r.storage_save_gbps() > 0 ? r.memory_replicated_gbps() / r.storage_save_gbps() : 0;
-  const double memory_restore_ratio = r.restore_memory_s > 0 ? r.restore_storage_s / r.restore_memory_s : 0;
-  const double replica_restore_ratio = r.restore_replica_s > 0 ? r.restore_storage_s / r.restore_replica_s : 0;
   const auto verdict = [](double ratio) { return ratio >= 5 ? "met" : "NOT met"; };
   std::string text = fmt::format(
       "memory tier: {} ranks, {} per node, {:.0f} MiB each\n"
@@ -330,10 +346,10 @@ std::string to_text(const MemoryTierBenchResult& r) {
       "  steps lost per failure (mean, uniformly random step): storage every {}: {:.1f}",
       r.ranks, r.ranks_per_node, static_cast<double>(r.bytes_per_rank) / kMiB, r.memory_save_s, r.memory_save_gbps(),
       r.memory_replicate_s, r.memory_replicated_s, r.memory_replicated_gbps(), r.storage_block_s, r.storage_commit_s,
-      r.storage_save_gbps(), save_ratio, verdict(save_ratio), replicated_ratio, r.restore_memory_s, r.restore_replica_s,
-      r.restore_storage_s, 100 * r.storage_resident_fraction, memory_restore_ratio, verdict(memory_restore_ratio),
-      replica_restore_ratio, verdict(replica_restore_ratio), static_cast<double>(r.memory_host_bytes) / kMiB,
-      r.storage_every, mean_steps_lost(r.storage_every));
+      r.storage_save_gbps(), r.save_ratio(), verdict(r.save_ratio()), r.replicated_save_ratio(), r.restore_memory_s,
+      r.restore_replica_s, r.restore_storage_s, 100 * r.storage_resident_fraction, r.memory_restore_ratio(),
+      verdict(r.memory_restore_ratio()), r.replica_restore_ratio(), verdict(r.replica_restore_ratio()),
+      static_cast<double>(r.memory_host_bytes) / kMiB, r.storage_every, mean_steps_lost(r.storage_every));
   for (const int64_t every : r.memory_every) {
     text += fmt::format("; memory every {}: {:.1f} ({:.1f} ms of save a step)", every, mean_steps_lost(every),
                         1e3 * r.memory_save_s / static_cast<double>(every));

@@ -61,6 +61,11 @@ struct MemoryTierBenchResult {
   double memory_save_gbps() const;        // to the own copies' commit
   double memory_replicated_gbps() const;  // to the replicas' commit
   double storage_save_gbps() const;       // to commit
+  // The ratios the 5x targets judge; 0 when a time is.
+  double save_ratio() const;             // memory_save_gbps / storage_save_gbps
+  double replicated_save_ratio() const;  // memory_replicated_gbps / storage_save_gbps
+  double memory_restore_ratio() const;   // restore_storage_s / restore_memory_s
+  double replica_restore_ratio() const;  // restore_storage_s / restore_replica_s
 };
 
 // Collective: every rank of `group` calls it with the same options and directories (one
