@@ -15,9 +15,9 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <filesystem>
 #include <future>
 #include <tuple>
-#include <filesystem>
 #include <utility>
 
 namespace stowage::dcp {

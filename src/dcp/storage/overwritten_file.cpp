@@ -72,11 +72,11 @@ void OverwrittenFile::sync() {
 void OverwrittenFile::close() {
   if (!file_.is_open()) return;
   if (mapping_ != nullptr && end_ == mapped_) {
-    kept_.keep(file_.fd(), mapping_, mapped_);  // the file's size: nothing to truncate
+    kept_.keep(file_.fd(), mapping_, mapped_);  // written over whole: it covers the file still
     mapping_ = nullptr;
   }
   unmap();
-  if (::ftruncate(file_.fd(), end_) != 0) {
+  if (::ftruncate(file_.fd(), end_) != 0) {  // a no-op when written over whole
     util::throw_errno(fmt::format("cannot truncate '{}' to {} bytes", path(), end_), path(), "truncate", errno);
   }
   file_.close();
