@@ -1,22 +1,15 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (fuzz/) with clang in ${STOWAGE_FUZZ_BUILD_DIR:-build-fuzz}
-# and runs them at once for a bounded time, each on a scratch copy of its seed corpus:
+# Builds the libFuzzer targets (fuzz/) in the sanitizers' build (scripts/sanitize_build.sh:
+# clang, ASan + UBSan) and runs them at once for a bounded time, each on a scratch copy of
+# its seed corpus:
 #   bash scripts/fuzz.sh [SECONDS_PER_TARGET]     (default 45: each target's share of two cores)
 # Fails on a crash, a leak, a hang (-timeout), or an allocation over -malloc_limit_mb.
 # Execution counts go to STOWAGE_RELIABILITY_FIGURES when set.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-build=${STOWAGE_FUZZ_BUILD_DIR:-$root/build-fuzz}
 seconds=${1:-45}
-
-bash "$root/scripts/setup.sh"
-source "$root/scripts/ccache.sh"
-# Line tables only: all a crash's stack needs, and a faster build than full debug information.
-CXX=clang++-14 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -gline-tables-only -DNDEBUG" \
-  -DSTOWAGE_FUZZ=ON -DSTOWAGE_BUILD_TESTS=OFF -DSTOWAGE_BUILD_BENCH=OFF -DSTOWAGE_BUILD_TOOLS=OFF \
-  -DSTOWAGE_BUILD_EXAMPLES=OFF >/dev/null
-cmake --build "$build" --parallel "${STOWAGE_JOBS:-2}" --target metadata_fuzzer reader_fuzzer torch_dcp_metadata_fuzzer
+build=$(STOWAGE_SANITIZE=address,undefined bash "$root/scripts/sanitize_build.sh" metadata_fuzzer reader_fuzzer \
+  torch_dcp_metadata_fuzzer)
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -1,36 +1,25 @@
 #!/usr/bin/env bash
-# Builds test suites with sanitizers in their own build dir and runs them:
+# Builds test suites with sanitizers (scripts/sanitize_build.sh) and runs them:
 #   bash scripts/sanitize.sh [SUITE...]
-# STOWAGE_SANITIZE picks the sanitizers: address,undefined (default; build-asan; suites
-# dcp interop state memory optim reliability activation) or thread (TSan; build-tsan; the suites
-# with threads of their own: memory for the copy engine, dcp for writer threads and
-# async stagers, optim for the swap optimizer's pipeline). STOWAGE_SANITIZE_MODULES
-# limits the library to the modules those suites need (e.g. "dcp;dist;state;memory"), which
-# halves a cold build. Suppressions, each explained, are in scripts/sanitizers/: only
-# orderings TSan cannot see because LibTorch's reference counts are uninstrumented.
+# STOWAGE_SANITIZE picks the sanitizers: address,undefined (default; suites dcp interop
+# state memory optim reliability activation) or thread (TSan; the suites with threads of
+# their own: memory for the copy engine, dcp for writer threads and async stagers, optim
+# for the swap optimizer's pipeline). Suppressions, each explained, are in
+# scripts/sanitizers/: only orderings TSan cannot see because LibTorch's reference counts
+# are uninstrumented.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 sanitizers=${STOWAGE_SANITIZE:-address,undefined}
 if [ "$sanitizers" = thread ]; then
-  default_dir=$root/build-tsan default_suites=(memory dcp optim)
+  default_suites=(memory dcp optim)
 else
-  default_dir=$root/build-asan default_suites=(dcp interop state memory optim reliability activation)
+  default_suites=(dcp interop state memory optim reliability activation)
 fi
-build=${STOWAGE_SANITIZE_BUILD_DIR:-$default_dir}
 suites=("$@")
 if [ ${#suites[@]} -eq 0 ]; then suites=("${default_suites[@]}"); fi
-
-bash "$root/scripts/setup.sh"
-source "$root/scripts/ccache.sh"
-# -O1, the level the sanitizers' manuals advise, and line tables only (-g1), all a report's
-# stack needs: a cold build took about half the time of -O2 -g's (a library batch: 41 -> 21 s).
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
-  -DSTOWAGE_SANITIZE="$sanitizers" -DSTOWAGE_MODULES="${STOWAGE_SANITIZE_MODULES:-}" -DSTOWAGE_BUILD_BENCH=OFF -DSTOWAGE_BUILD_TOOLS=OFF \
-  -DSTOWAGE_BUILD_EXAMPLES=OFF >/dev/null
 targets=()
 for suite in "${suites[@]}"; do targets+=("${suite}_tests"); done
-cmake --build "$build" --parallel "${STOWAGE_JOBS:-2}" --target "${targets[@]}"
+build=$(bash "$root/scripts/sanitize_build.sh" "${targets[@]}")
 
 supp=$root/scripts/sanitizers
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=0
