@@ -18,8 +18,8 @@ packages=(
   python3-matplotlib  # the benchmark report's charts (bench/report/plot_report.py)
   chromium  # the benchmark report's browser test (tests/cli/report_test.cpp)
 )
-# The fuzzers of the reliability passes (scripts/fuzz.sh: libFuzzer, ASan, UBSan), unless
-# they are off (STOWAGE_TEST_EXTRA=0, as in scripts/test_debian13.sh's newer Debian).
+# The sanitizers' build of the reliability passes (scripts/sanitize_build.sh: clang, its
+# ASan, UBSan and libFuzzer runtimes), unless they are off (STOWAGE_TEST_EXTRA=0, as in scripts/test_debian13.sh's newer Debian).
 if [ "${STOWAGE_TEST_EXTRA:-1}" != 0 ]; then packages+=(clang-14 libclang-rt-14-dev); fi
 
 sudo_cmd=()

@@ -129,7 +129,7 @@ def joined(batches):
 
 def whole_tree():
     units, parts, parts_of, line_map = [], [], {}, {}
-    # fuzz/ (built only by scripts/fuzz.sh's clang build), each source on the library's command.
+    # fuzz/ (built only in the sanitizers' clang build), each source on the library's command.
     library = next(e for e in entries if target_of(e) == "stowage")
     fuzz = os.path.join(root, "fuzz")
     fuzz_sources = [single(os.path.join(fuzz, f), library) for f in sorted(os.listdir(fuzz)) if f.endswith(".cpp")]
