@@ -19,7 +19,8 @@ packages=(
   chromium  # the benchmark report's browser test (tests/cli/report_test.cpp)
 )
 # The sanitizers' build of the reliability passes (scripts/sanitize_build.sh: clang, its
-# ASan, UBSan and libFuzzer runtimes), unless they are off (STOWAGE_TEST_EXTRA=0, as in scripts/test_debian13.sh's newer Debian).
+# ASan, UBSan and libFuzzer runtimes), unless they are off (STOWAGE_TEST_EXTRA=0, as in
+# scripts/test_debian13.sh's newer Debian).
 if [ "${STOWAGE_TEST_EXTRA:-1}" != 0 ]; then packages+=(clang-14 libclang-rt-14-dev); fi
 
 sudo_cmd=()
