@@ -14,8 +14,8 @@ and their -I folders are joined into units of up to MAX_SOURCES sources, with th
 them all: a unit costs ~40 s of LibTorch's headers whatever its size (most of it
 performance-unnecessary-value-param matching inside them). The folders of the project's -I
 hold no header of one relative path twice, so that their union finds what each batch's own
-list found; two batches whose sources' folders hold headers of one name (commands.h of
-tools/stowage and of bench/cli, each #included as "commands.h") are kept in different units.
+list found; two batches whose sources' folders hold headers of one name (each #included by
+that name alone) are kept in different units.
 Each program's entry point (main, a fuzzer's LLVMFuzzerTestOneInput) is renamed in the
 unit's text, so that programs join too; fuzz/'s sources, which no CMake build of tidy's
 compiles, join on the library's command. Two sources that were never compiled together can

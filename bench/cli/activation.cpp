@@ -1,5 +1,5 @@
 #include "cli_numbers.h"
-#include "commands.h"
+#include "bench_commands.h"
 #include "device_option.h"
 
 #include "activation_train.h"

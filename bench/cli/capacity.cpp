@@ -9,7 +9,7 @@
 // largest model plain AdamW trains, the device memory each mode needs (issue 41 item 4).
 // The simulator's time is no device's time: only sizes are reported.
 #include "cli_numbers.h"
-#include "commands.h"
+#include "bench_commands.h"
 #include "program.h"
 #include "train_model.h"
 #include "train_options.h"

@@ -4,7 +4,7 @@
 // (zero.h).
 #include "zero.h"
 #include "cli_numbers.h"
-#include "commands.h"
+#include "bench_commands.h"
 #include "launch_ranks.h"
 
 #include <bench_util.h>

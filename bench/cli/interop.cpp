@@ -1,5 +1,5 @@
 #include "cli_numbers.h"
-#include "commands.h"
+#include "bench_commands.h"
 
 #include <emit.h>
 #include <interop_bench.h>

@@ -1,7 +1,7 @@
 // `stowage bench memory-tier`: the memory tier's save and recovery against storage's, on
 // --nproc local ranks acting as nodes of --nproc-per-node ranks (memory_tier_bench.h).
 #include "cli_numbers.h"
-#include "commands.h"
+#include "bench_commands.h"
 #include "launch_ranks.h"
 
 #include <bench_util.h>

@@ -1,4 +1,4 @@
-#include "commands.h"
+#include "bench_commands.h"
 #include "launch_ranks.h"
 
 #include <emit.h>

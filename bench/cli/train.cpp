@@ -9,7 +9,7 @@
 // the same run without checkpoints, run in the same rounds, and against its steps before
 // the first checkpoint (issue 37: a save must not change the steps after it).
 #include "cli_numbers.h"
-#include "commands.h"
+#include "bench_commands.h"
 #include "train_options.h"
 #include "train_run.h"
 

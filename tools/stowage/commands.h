@@ -6,6 +6,10 @@
 
 namespace stowage::cli {
 
+// The tool's whole command line (what `stowage` parses): --version and the four commands,
+// one of which must be named.
+void add_commands(CLI::App& app);
+
 void add_launch_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_ckpt_command(CLI::App& app);

@@ -6,6 +6,9 @@
 
 namespace stowage::cli {
 
+// stowage-bench's whole command line: a benchmark's subcommand, or none for them all.
+void add_benchmarks(CLI::App& bench);
+
 // Without a subcommand: every benchmark, one table of their targets, and the report.
 void add_run_all(CLI::App& bench);
 void add_bench_activation(CLI::App& bench);
