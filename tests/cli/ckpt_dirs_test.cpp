@@ -7,6 +7,7 @@
 // overwrite (--overwrite), unrewritten.
 
 #include "build_paths.h"
+#include "cli/in_process.h"
 #include "cli/train_util.h"
 
 #include <stowage/dcp/checkpoint_manager.h>
@@ -30,8 +31,17 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using ::testing::HasSubstr;
 
+// The commands run in this process (cli/in_process.h); tests/cli/ckpt_*_test.cpp run the
+// built tool.
 CommandResult ckpt_command(const std::string& args) {
-  return run_command(stowage_binary() + " ckpt " + args);
+  return run_in_process("ckpt " + args);
+}
+
+// What `args` printed, a JSON document, once it exited 0.
+json json_in_process(const std::string& args) {
+  const CommandResult result = run_in_process(args);
+  EXPECT_EQ(result.status, 0) << args << "\n" << result.output;
+  return json::parse(result.output);
 }
 
 StateDict state_of(double value) {
@@ -69,12 +79,12 @@ void expect_every_command_picks(const std::string& dir, const std::string& lates
   const std::string said =
       fmt::format("{}: the latest committed checkpoint of this {} is step 4: {}", dir, kind_words, latest);
 
-  const json listed = run_json("ckpt ls --json " + dir);
+  const json listed = json_in_process("ckpt ls --json " + dir);
   ASSERT_EQ(listed.size(), 2u) << listed.dump(2);
   EXPECT_EQ(listed[0]["step"], 2);
   EXPECT_EQ(listed[1]["step"], 4);
   EXPECT_EQ(listed[1]["path"], latest);
-  const json all = run_json("ckpt ls --all --json " + dir);
+  const json all = json_in_process("ckpt ls --all --json " + dir);
   ASSERT_EQ(all.size(), 3u) << all.dump(2);
   EXPECT_EQ(all[2]["step"], 6);
   EXPECT_FALSE(all[2]["committed"].get<bool>());
@@ -82,7 +92,7 @@ void expect_every_command_picks(const std::string& dir, const std::string& lates
   EXPECT_EQ(inspected.status, 0) << inspected.output;
   EXPECT_THAT(inspected.output, HasSubstr(said));
   EXPECT_THAT(inspected.output, HasSubstr(latest + ": stowage format"));
-  const json inspected_json = run_json("ckpt inspect --json " + dir);  // nothing but the JSON document
+  const json inspected_json = json_in_process("ckpt inspect --json " + dir);  // nothing but the JSON document
   EXPECT_EQ(inspected_json["path"], latest);
   EXPECT_EQ(inspected_json["picked"], (json{{"from", dir}, {"kind", kind}, {"step", 4}}));
   EXPECT_EQ(inspected_json["entries"].size(), 2u);
@@ -91,7 +101,7 @@ void expect_every_command_picks(const std::string& dir, const std::string& lates
   EXPECT_EQ(verified.status, 0) << verified.output;
   EXPECT_THAT(verified.output, HasSubstr(said));
   EXPECT_THAT(verified.output, HasSubstr(latest + ": ok"));
-  const json verified_json = run_json("ckpt verify --json " + dir);
+  const json verified_json = json_in_process("ckpt verify --json " + dir);
   EXPECT_TRUE(verified_json["ok"].get<bool>());
   EXPECT_EQ(verified_json["path"], latest);
   EXPECT_EQ(verified_json["picked"]["step"], 4);
@@ -101,7 +111,8 @@ void expect_every_command_picks(const std::string& dir, const std::string& lates
   const auto exported = ckpt_command("export " + dir + " --out " + (out.path / "a.safetensors").string());
   EXPECT_EQ(exported.status, 0) << exported.output;
   EXPECT_THAT(exported.output, HasSubstr(said));
-  const json exported_json = run_json("ckpt export --json " + dir + " --out " + (out.path / "b.safetensors").string());
+  const json exported_json =
+      json_in_process("ckpt export --json " + dir + " --out " + (out.path / "b.safetensors").string());
   EXPECT_EQ(exported_json["tensors"], 1);
   EXPECT_EQ(exported_json["picked"]["step"], 4);
 }
@@ -126,11 +137,11 @@ TEST(CkptDirs, ADirectoryOfPyTorchDcpCheckpointsIsOneToo) {
   const std::string checkpoint = (dir.path / "step-00000003").string();
   fs::create_directories(dir.path);
   fs::copy(fs::path(test_paths::source_dir()) / "tests/interop/fixtures/torch_dcp/one_rank", checkpoint);
-  const json listed = run_json("ckpt ls --json " + dir.str());
+  const json listed = json_in_process("ckpt ls --json " + dir.str());
   ASSERT_EQ(listed.size(), 1u) << listed.dump(2);
   EXPECT_EQ(listed[0]["step"], 3);
   EXPECT_EQ(listed[0]["format"], "pytorch-dcp");
-  const json verified = run_json("ckpt verify --json " + dir.str());
+  const json verified = json_in_process("ckpt verify --json " + dir.str());
   EXPECT_TRUE(verified["ok"].get<bool>());
   EXPECT_EQ(verified["path"], checkpoint);
 }
@@ -169,7 +180,7 @@ TEST(CkptDirs, ADirectoryThatHoldsNoCheckpointIsAnErrorNamingItAndWhatIsTaken) {
 TEST(CkptDirs, ARunWithoutCommittedCheckpointsListsNoneAndHasNoneToInspect) {
   const RunDir run;
   fs::create_directories(run.path / "checkpoints" / "step-00000002");  // uncommitted
-  EXPECT_TRUE(run_json("ckpt ls --json " + run.str()).empty());
+  EXPECT_TRUE(json_in_process("ckpt ls --json " + run.str()).empty());
   for (const char* command : {"inspect", "verify"}) {
     const auto result = ckpt_command(std::string(command) + " " + run.str());
     EXPECT_EQ(result.status, 1) << result.output;

@@ -1,14 +1,12 @@
 // The stowage tool's numeric options answer a bad value with what is wrong with it, in
 // every subcommand: "abc is not an integer", "-1 is below the minimum of 1", never
 // CLI11's "not in range 0.000000 to 17976931348623157…" (a 309-digit number). Command lines
-// are parsed in this process by the programs' own command lines (a LibTorch process
-// started for each costs ~0.4 s); a few go through the built tool, as a user runs it.
+// are parsed in this process (cli/in_process.h); a few go through the built tool, as a
+// user runs it.
 #include "cli/cli_util.h"
+#include "cli/in_process.h"
 
-#include "bench_commands.h"
 #include "cli_numbers.h"
-#include "commands.h"
-#include "program.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -17,7 +15,6 @@
 #include <csignal>
 #include <cstdint>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -70,36 +67,13 @@ const std::vector<NumericOption> kIntegerOptions = {
     {"train", "--max-save-failures", 0, 0, ""},
 };
 
-// `command_line` as `stowage` parses it (`bench ...` as stowage-bench, which it runs),
-// in this process: a bad argument is refused before any command runs.
-CommandResult parse_in_process(const std::string& command_line) {
-  std::vector<std::string> words;
-  std::istringstream split(command_line);
-  for (std::string word; split >> word;) words.push_back(word);
-  CLI::App app;
-  const bool bench = !words.empty() && words.front() == "bench";
-  if (bench) {
-    cli::add_benchmarks(app);
-  } else {
-    cli::add_commands(app);
-  }
-  const char* program = bench ? "stowage-bench" : "stowage";
-  std::vector<char*> argv{const_cast<char*>(program)};
-  for (size_t i = bench ? 1 : 0; i < words.size(); ++i) argv.push_back(words[i].data());
-  CommandResult result;
-  ::testing::internal::CaptureStdout();
-  ::testing::internal::CaptureStderr();
-  result.status = cli::run_program(app, program, static_cast<int>(argv.size()), argv.data());
-  result.output = ::testing::internal::GetCapturedStdout() + ::testing::internal::GetCapturedStderr();
-  return result;
-}
-
 std::string command_line(const NumericOption& o, const std::string& value) {
   return o.command + " " + o.option + " " + value + o.tail;
 }
 
+// A bad value is refused before any command runs.
 CommandResult run_with(const NumericOption& o, const std::string& value) {
-  return parse_in_process(command_line(o, value));
+  return run_in_process(command_line(o, value));
 }
 
 void expect_refused(const CommandResult& result, const std::string& message) {
