@@ -19,15 +19,15 @@ libtorchs=(debian wheel)
 # Figures marked ~ are estimates: half the CPU-seconds measured, step by step, on the two
 # cores (docs/reliability.md, "CI", "Shorter cold steps").
 declare -A budget=(
-  ["debian build"]=520  # apt set-up, then the cold build: 489 s (2026-12-05); 579 s (2026-12-06, stop 51)
-  ["debian ctest"]=260  # one process a suite: 206 s; 257 s (2026-12-06)
+  ["debian build"]=560  # apt set-up, then the cold build: 552 s (2026-12-06, stop 52, batches of 8; 16 since: -53 s)
+  ["debian ctest"]=260  # one process a suite: 257 s; 229 s (2026-12-06, stop 52)
   ["python env"]=60     # what is left of it once Debian's build is done: 0 s (170 s alone)
-  ["wheel build"]=580   # the cold build: 575 s; 558 s (2026-12-06)
-  ["wheel ctest"]=330   # one process a suite: 279 s; 351 s (2026-12-06)
-  [format]=10           # 1 s
-  [tidy]=450            # the whole tree in 13 joined units, nothing remembered: 363 s (2026-12-06)
-  [sanitize]=440        # the ASan + UBSan build at -O1 -g1 and its five suites: 441 s; 462 s (2026-12-06)
-  [fuzz]=180            # the fuzzers' build, then the three at once for 45 s: 162 s; 185 s (2026-12-06)
+  ["wheel build"]=600   # the cold build: 558 s; 576 s (2026-12-06, stop 52, batches of 8)
+  ["wheel ctest"]=360   # one process a suite: 351 s; 326 s (2026-12-06, stop 52)
+  [format]=10           # 2 s
+  [tidy]=420            # the whole tree in 13 joined units, nothing remembered: 358 s (2026-12-06)
+  [sanitize]=400        # clang's ASan + UBSan build at -O1 -g1 (the fuzzers' too) and its five suites: 339 s (2026-12-06)
+  [fuzz]=90             # the fuzzers' link in the sanitizers' build, then the three at once for 45 s: 56 s (2026-12-06)
 )
 steps=()
 declare -A took=()
