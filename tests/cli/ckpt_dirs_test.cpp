@@ -31,7 +31,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using ::testing::HasSubstr;
 
-// The commands run in this process (cli/in_process.h); tests/cli/ckpt_*_test.cpp run the
+// The commands run in this process (cli/in_process.h); the other ckpt_*_test.cpp run the
 // built tool.
 CommandResult ckpt_command(const std::string& args) {
   return run_in_process("ckpt " + args);
