@@ -20,9 +20,15 @@ fi
 
 bash "$root/scripts/setup.sh" >&2
 source "$root/scripts/ccache.sh"
+# A folder configured with another compiler (build-asan was gcc's before 2026-12-06) starts
+# afresh: CMake cannot change the compiler of a configured folder.
+compiler_path=$(command -v "$compiler")
+if [ -f "$build/CMakeCache.txt" ] && ! grep -qx "CMAKE_CXX_COMPILER:[A-Z]*=$compiler_path" "$build/CMakeCache.txt"; then
+  rm -rf "$build"
+fi
 # -O1, the level the sanitizers' manuals advise, and line tables only, all a report's stack
 # needs: a cold build took about half the time of -O2 -g's (a library batch: 41 -> 21 s).
-CXX=$compiler cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" \
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER="$compiler_path" -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DSTOWAGE_SANITIZE="$sanitizers" -DSTOWAGE_FUZZ=$fuzz \
   -DSTOWAGE_MODULES="${STOWAGE_SANITIZE_MODULES:-}" -DSTOWAGE_BUILD_BENCH=OFF -DSTOWAGE_BUILD_TOOLS=OFF \
   -DSTOWAGE_BUILD_EXAMPLES=OFF >/dev/null
