@@ -335,10 +335,13 @@ void send_while_receiving(ProcessGroup::Impl& g, const char* what, std::vector<a
   if (g.failure) throw *g.failure;
   std::string cause;
   try {
-    auto receive = g.backend->recv(in, static_cast<int>(from), kShiftTag);
-    auto send = g.backend->send(out, static_cast<int>(to), kShiftTag);
-    send->wait(g.timeout);
-    receive->wait(g.timeout);
+    // Gloo moves no empty tensor: an empty side is left out.
+    c10::intrusive_ptr<c10d::Work> receive;
+    c10::intrusive_ptr<c10d::Work> send;
+    if (in[0].numel() > 0) receive = g.backend->recv(in, static_cast<int>(from), kShiftTag);
+    if (out[0].numel() > 0) send = g.backend->send(out, static_cast<int>(to), kShiftTag);
+    if (send) send->wait(g.timeout);
+    if (receive) receive->wait(g.timeout);
     return;
   } catch (const std::exception& e) {
     cause = exception_message(e);
@@ -346,19 +349,27 @@ void send_while_receiving(ProcessGroup::Impl& g, const char* what, std::vector<a
   fail_group(g, what, cause);
 }
 
+// The checks of shift() and exchange() (`what`): InvalidArgument naming the culprit.
+void check_point_to_point(const ProcessGroup::Impl& g, const char* what, int64_t to, int64_t from,
+                          const std::vector<at::Tensor>& bytes) {
+  if (to < 0 || to >= g.size || from < 0 || from >= g.size) {
+    throw InvalidArgument(
+        fmt::format("ProcessGroup::{}: to {} and from {} must be ranks of the group's {}", what, to, from, g.size));
+  }
+  for (const at::Tensor& each : bytes) {
+    check_collective_tensor(each, what);
+    if (each.scalar_type() != at::kByte || each.dim() != 1 || !each.device().is_cpu()) {
+      throw InvalidArgument(fmt::format("ProcessGroup::{}: the bytes must be a 1-D uint8 CPU tensor, not {} {} on {}",
+                                        what, each.dim(), c10::toString(each.scalar_type()), each.device().str()));
+    }
+  }
+}
+
 }  // namespace
 
 at::Tensor ProcessGroup::shift(const at::Tensor& bytes, int64_t to, int64_t from) const {
   Impl& g = *impl_;
-  if (to < 0 || to >= g.size || from < 0 || from >= g.size) {
-    throw InvalidArgument(
-        fmt::format("ProcessGroup::shift: to {} and from {} must be ranks of the group's {}", to, from, g.size));
-  }
-  check_collective_tensor(bytes, "shift");
-  if (bytes.scalar_type() != at::kByte || bytes.dim() != 1 || !bytes.device().is_cpu()) {
-    throw InvalidArgument(fmt::format("ProcessGroup::shift: the bytes must be a 1-D uint8 CPU tensor, not {} {} on {}",
-                                      bytes.dim(), c10::toString(bytes.scalar_type()), bytes.device().str()));
-  }
+  check_point_to_point(g, "shift", to, from, {bytes});
   if (to == g.rank && from == g.rank) return bytes.clone();
   std::vector<at::Tensor> length_out{at::full({1}, bytes.numel(), at::kLong)};
   std::vector<at::Tensor> length_in{at::empty({1}, at::kLong)};
@@ -369,6 +380,18 @@ at::Tensor ProcessGroup::shift(const at::Tensor& bytes, int64_t to, int64_t from
   std::vector<at::Tensor> data_in{at::empty({std::max<int64_t>(1, incoming)}, at::kByte)};
   send_while_receiving(g, "shift", data_out, to, data_in, from);
   return data_in[0].narrow(0, 0, incoming);
+}
+
+void ProcessGroup::exchange(const at::Tensor& out, int64_t to, const at::Tensor& in, int64_t from) const {
+  Impl& g = *impl_;
+  check_point_to_point(g, "exchange", to, from, {out, in});
+  if (to == g.rank && from == g.rank) {
+    in.copy_(out);
+    return;
+  }
+  std::vector<at::Tensor> outs{out};
+  std::vector<at::Tensor> ins{in};
+  send_while_receiving(g, "exchange", outs, to, ins, from);
 }
 
 void ProcessGroup::barrier() const {

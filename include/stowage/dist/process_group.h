@@ -100,6 +100,13 @@ class ProcessGroup {
   // Throws InvalidArgument naming a `to` or `from` outside the group or bytes of another
   // shape or type.
   at::Tensor shift(const at::Tensor& bytes, int64_t to, int64_t from) const;
+  // The same, point to point, into a tensor of the length the caller knows already
+  // (shift() sends the lengths first): sends `out` to rank `to` while receiving into `in`
+  // from rank `from`; an empty side moves nothing. Only the ranks that move bytes call it.
+  // REQUIRES: `from` calls it with an `out` as long as this rank's `in`, and `to` with an
+  // `in` as long as this rank's `out`.
+  // Throws InvalidArgument as shift() does.
+  void exchange(const at::Tensor& out, int64_t to, const at::Tensor& in, int64_t from) const;
   void barrier() const;
 
   // Tensor collectives, in place, for a training loop that shares the group (data
