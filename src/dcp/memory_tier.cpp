@@ -6,11 +6,9 @@
 #include <stowage/dist/world.h>
 #include <stowage/error.h>
 
-#include "dcp/checkpoint_bundle.h"
+#include "dcp/checkpoint_transfer.h"
 #include "dcp/memory_tier_rep.h"
 #include "util/exception_message.h"
-
-#include <ATen/ops/empty.h>
 
 #include <fmt/format.h>
 
@@ -25,6 +23,10 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+// The lanes of a transfer: on loopback, two TCP streams carry a checkpoint ~1.5x as fast as
+// one (docs/benchmarks.md, issue 40).
+constexpr int kTransferLanes = 2;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -170,10 +172,14 @@ MemoryTier::MemoryTier(MemoryTierOptions options, NodeLayout layout, std::option
     r.env().create_directories(r.replica_directory(*r.source_of(r.rank)));
     r.replica_pages =
         std::make_unique<PageRecycler>(r.options.env(), spare_directory_of(r.replica_directory(*r.source_of(r.rank))));
-    // One per job's group, kept with it: a later tier on the same group uses it again.
-    r.replication_group =
-        *std::static_pointer_cast<dist::ProcessGroup>(r.group->attachment("dcp.memory_tier.replication", [&] {
-          return std::make_shared<dist::ProcessGroup>(r.group->new_group("memory-tier-replication"));
+    // One set per job's group, kept with it: a later tier on the same group uses it again.
+    r.transfer_lanes = *std::static_pointer_cast<std::vector<dist::ProcessGroup>>(
+        r.group->attachment("dcp.memory_tier.transfer_lanes", [&] {
+          auto lanes = std::make_shared<std::vector<dist::ProcessGroup>>();
+          for (int lane = 0; lane < kTransferLanes; ++lane) {
+            lanes->push_back(r.group->new_group(fmt::format("memory-tier-lane-{}", lane)));
+          }
+          return lanes;
         }));
   }
 }
@@ -240,20 +246,20 @@ std::pair<double, std::string> MemoryTier::Rep::replicate(int64_t step) const {
   const auto start = Clock::now();
   const int64_t source = *source_of(rank);
   std::string error;
-  at::Tensor bundle = at::empty({0}, at::kByte);
   try {
-    bundle = pack_checkpoint(own_path(step), env());
-  } catch (const std::exception& failure) {
-    error = exception_message(failure);  // the peer keeps what it has
-  }
-  try {
-    // One shift around the ring: each rank's checkpoint crosses the network once.
-    const at::Tensor received = replication_group->shift(bundle, *peer_of(rank), source);
-    bundle = at::Tensor();  // its memory back before the replica's is taken
-    if (received.numel() > 0) {
-      unpack_checkpoint(bundle_bytes(received), replica_path(source, step), *replica_pages);
-      prune_directory(replica_directory(source), options.keep_last(), *replica_pages);
+    // One transfer around the ring: each rank's checkpoint crosses the network once. A
+    // peer that gets nothing, or nothing whole, keeps the replicas it has.
+    const TransferOutcome outcome = transfer_checkpoint(CheckpointTransfer()
+                                                            .send_path(own_path(step))
+                                                            .to(*peer_of(rank))
+                                                            .receive_path(replica_path(source, step))
+                                                            .from(source),
+                                                        transfer_lanes, *replica_pages);
+    error = outcome.send_error;
+    if (error.empty() && !outcome.receive_error.empty()) {
+      error = fmt::format("the replica of rank {}: {}", source, outcome.receive_error);
     }
+    if (outcome.committed) prune_directory(replica_directory(source), options.keep_last(), *replica_pages);
   } catch (const std::exception& failure) {
     if (error.empty()) error = fmt::format("the replica of rank {}: {}", source, exception_message(failure));
   }

@@ -37,9 +37,10 @@ struct MemoryTier::Rep {
   MemoryTierOptions options;
   NodeLayout layout;
   std::optional<dist::ProcessGroup> group;
-  // The replication's group, over the same ranks: its exchanges run on the tier's
-  // thread while the caller's thread uses `group`. Only with a peer.
-  std::optional<dist::ProcessGroup> replication_group;
+  // The lanes of its transfers (checkpoint_transfer.h): groups over the same ranks, so
+  // that a replication's exchanges, on the tier's thread, never meet the caller's
+  // collectives on `group`. Only with a peer.
+  std::vector<dist::ProcessGroup> transfer_lanes;
   std::optional<ReplicationInFlight> replicating;
   int64_t rank = 0;
   int64_t world_size = 1;
@@ -87,12 +88,13 @@ struct MemoryTier::Rep {
   bool load_from_memory(int64_t step, std::vector<RankListing>& listings, StateDict& state,
                         const LoadOptions& load_options, TierRestore& result) const;
   // Collective, with a group: each rank holding the replica of `step` that its source
-  // lacks sends it back, and a rank lacking its own receives it into its own directory.
+  // lacks sends it back, and a rank lacking its own receives it into its own directory
+  // (checkpoint_transfer.h).
   // Returns whether this rank now has its own copy; sets `failure` (as load_from_memory
   // exchanges it) when a copy this rank sent or received failed.
   bool fetch_missing(int64_t step, const std::vector<RankListing>& listings, std::string& failure) const;
-  // The failure line of this rank's fetched copy of `step`.
-  std::string fetched_failure(int64_t step, const std::exception& failed) const;
+  // The failure line of this rank's fetched copy of `step`, which failed for `why`.
+  std::string fetched_failure(int64_t step, const std::string& why) const;
 };
 
 // The steps of the committed checkpoints of stowage's format among `checkpoints`, in

@@ -8,15 +8,14 @@
 #include <stowage/dcp/filesystem.h>
 #include <stowage/error.h>
 
-#include "dcp/checkpoint_bundle.h"
+#include "dcp/checkpoint_transfer.h"
 #include "dcp/memory_tier_rep.h"
 #include "util/exception_message.h"
-
-#include <ATen/ops/empty.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -70,39 +69,33 @@ std::optional<int64_t> MemoryTier::Rep::newest_common_step(const std::vector<Ran
   return std::nullopt;
 }
 
-std::string MemoryTier::Rep::fetched_failure(int64_t step, const std::exception& failed) const {
+std::string MemoryTier::Rep::fetched_failure(int64_t step, const std::string& why) const {
   return failure_of('f', fmt::format("the replica of rank {} at step {} on rank {}, fetched into {}: {}", rank, step,
-                                     *peer_of(rank), own_path(step), exception_message(failed)));
+                                     *peer_of(rank), own_path(step), why));
 }
 
 bool MemoryTier::Rep::fetch_missing(int64_t step, const std::vector<RankListing>& listings,
                                     std::string& failure) const {
   const bool fetching = listings[static_cast<size_t>(rank)].own.count(step) == 0;
-  at::Tensor bundle = at::empty({0}, at::kByte);
   const std::optional<int64_t> source = source_of(rank);
-  if (source && listings[static_cast<size_t>(*source)].own.count(step) == 0) {
-    try {
-      bundle = pack_checkpoint(replica_path(*source, step), env());
-    } catch (const std::exception& failed) {
-      failure = failure_of(
-          'h', fmt::format("memory checkpoint {}: {}", replica_path(*source, step), exception_message(failed)));
-    }
-  }
+  const bool sending = source && listings[static_cast<size_t>(*source)].own.count(step) == 0;
   // Each replica goes back the other way round the ring than it came.
-  const at::Tensor received = group->shift(bundle, source.value_or(rank), peer_of(rank).value_or(rank));
+  CheckpointTransfer transfer;
+  transfer.to(source.value_or(rank)).from(peer_of(rank).value_or(rank));
+  if (sending) transfer.send_path(replica_path(*source, step));
+  if (fetching) transfer.receive_path(own_path(step));
+  const TransferOutcome outcome = transfer_checkpoint(transfer, transfer_lanes, *own_pages);
+  if (!outcome.send_error.empty()) {
+    failure = failure_of('h', fmt::format("memory checkpoint {}: {}", replica_path(*source, step), outcome.send_error));
+  }
   if (!fetching) return true;
-  if (received.numel() == 0) {  // the holder says why too; this rank must not load nothing
+  if (!outcome.came) {  // the holder says why too; this rank must not load nothing
     failure = failure_of('f', fmt::format("the replica of rank {} at step {}: rank {}, which holds it, sent nothing",
                                           rank, step, *peer_of(rank)));
-    return false;
+  } else if (!outcome.committed) {
+    failure = fetched_failure(step, outcome.receive_error);
   }
-  try {
-    unpack_checkpoint(bundle_bytes(received), own_path(step), *own_pages);
-    return true;
-  } catch (const std::exception& failed) {
-    failure = fetched_failure(step, failed);
-    return false;
-  }
+  return outcome.committed;
 }
 
 bool MemoryTier::Rep::load_from_memory(int64_t step, std::vector<RankListing>& listings, StateDict& state,
@@ -119,7 +112,7 @@ bool MemoryTier::Rep::load_from_memory(int64_t step, std::vector<RankListing>& l
       FileSystemReader reader(own_path(step), options.env());
       load(state, reader, load_options);
     } catch (const std::exception& failed) {
-      failure = fetching ? fetched_failure(step, failed)
+      failure = fetching ? fetched_failure(step, exception_message(failed))
                          : failure_of(
                                'o', fmt::format("memory checkpoint {}: {}", own_path(step), exception_message(failed)));
     }
@@ -162,10 +155,12 @@ TierRestore MemoryTier::restore(StateDict& state, CheckpointManager& storage, Lo
   if (r.group) stored_text = r.group->broadcast(stored_text, 0);
   const std::optional<int64_t> newest_stored =
       stored_text.empty() ? std::nullopt : std::optional<int64_t>(std::stoll(stored_text));
-  // Each failed step drops the copy that failed: the next try is another step, or none.
+  // A memory step older than storage's newest is no use. Each failed step drops the copy
+  // that failed: the next try is another step, or none.
+  const int64_t oldest_wanted = newest_stored.value_or(std::numeric_limits<int64_t>::min());
   std::optional<int64_t> tried;
-  for (std::optional<int64_t> step = r.newest_common_step(listings);
-       step && (!newest_stored || *step >= *newest_stored); step = r.newest_common_step(listings)) {
+  for (std::optional<int64_t> step = r.newest_common_step(listings); step && *step >= oldest_wanted;
+       step = r.newest_common_step(listings)) {
     if (r.load_from_memory(*step, listings, state, options, result)) return result;
     tried = step;
   }

@@ -6,8 +6,8 @@
 // a directory of its node, by default under /dev/shm, which outlives the processes, so
 // that a restart of the job finds it. Each rank's checkpoint is then sent to its peer,
 // which keeps it as a replica in its own node's directory: in the background, on a
-// thread of the tier's, over a process group of its own (made with the job's), while
-// training goes on.
+// thread of the tier's, over two process groups of its own (made with the job's), in
+// pieces that never hold a whole checkpoint in memory, while training goes on.
 //
 //   dcp::MemoryTier memory(dcp::MemoryTierOptions("/dev/shm/stowage-run").save_every(5),
 //                          dcp::node_layout_from_env(world.size), group);
@@ -52,7 +52,7 @@
 //
 // Thread safety: one thread calls a MemoryTier. With a group every call is collective:
 // every rank makes the tier, saves and restores together, in the same order (the
-// replication's own group keeps its exchanges apart from the caller's collectives).
+// replication's own groups keep its exchanges apart from the caller's collectives).
 
 #include <stowage/dcp/checkpoint_manager.h>
 #include <stowage/dcp/env.h>
