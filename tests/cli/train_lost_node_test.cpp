@@ -11,6 +11,8 @@
 #include "cli/train_util.h"
 #include "dcp/memory_tier_copies.h"
 
+#include <stowage/dcp/metadata.h>
+
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -50,9 +52,9 @@ struct LostNodeJob {
   }
 };
 
-// Runs `job` with its memory tier in `memory` until every path of `ready` exists, then
-// loses `nodes`: SIGKILLs their ranks, waits for the job to end, and removes their
-// memory directories.
+// Runs `job` with its memory tier in `memory` until every checkpoint of `ready` is
+// committed, then loses `nodes`: SIGKILLs their ranks, waits for the job to end, and
+// removes their memory directories.
 void lose_nodes_once_ready(const LostNodeJob& job, const RunDir& dir, const std::string& memory,
                            const std::vector<int>& nodes, const std::vector<std::string>& ready) {
   BackgroundTrain run(dir, job.tiered(memory), job.model());
@@ -63,7 +65,9 @@ void lose_nodes_once_ready(const LostNodeJob& job, const RunDir& dir, const std:
   std::map<int, pid_t> ranks;
   ASSERT_TRUE(run.wait_until([&] {
     ranks = ranks_by_number(dir.str());
-    return std::all_of(ready.begin(), ready.end(), [](const std::string& path) { return fs::exists(path); }) &&
+    // Committed, not only begun: a replica's directory is there while its files arrive.
+    return std::all_of(ready.begin(), ready.end(),
+                       [](const std::string& path) { return fs::exists(fs::path(path) / dcp::kMetadataFileName); }) &&
            std::all_of(lost_ranks.begin(), lost_ranks.end(), [&](int rank) { return ranks.count(rank) > 0; });
   })) << run.output();
   for (const int rank : lost_ranks) ASSERT_TRUE(signal_descendant(ranks.at(rank), SIGKILL)) << "rank " << rank;
