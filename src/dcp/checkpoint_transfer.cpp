@@ -307,9 +307,12 @@ TransferOutcome transfer_checkpoint(const CheckpointTransfer& transfer, const st
   move_all_pieces(transfer, lanes, sender ? &*sender : nullptr, sender ? sender->layout().length : 0,
                   receiver ? &*receiver : nullptr, outcome.came ? stream_length(received) : 0);
   if (sender) outcome.send_error = sender->error();
-  const std::string sender_error = text_of(lanes[0].shift(bytes_of(outcome.send_error), transfer.to(), transfer.from()));
+  const std::string sender_error =
+      text_of(lanes[0].shift(bytes_of(outcome.send_error), transfer.to(), transfer.from()));
   if (receiver) {
-    if (!sender_error.empty()) receiver->fail(fmt::format("rank {} could not read it: {}", transfer.from(), sender_error));
+    if (!sender_error.empty()) {
+      receiver->fail(fmt::format("rank {} could not read it: {}", transfer.from(), sender_error));
+    }
     receiver->commit();
     outcome.receive_error = receiver->error();
     outcome.committed = outcome.receive_error.empty();

@@ -8,9 +8,8 @@
 //  1. a header (ProcessGroup::shift): each file's name and length, the metadata last; no
 //     file when the sender has nothing to send;
 //  2. the files' bytes as one stream cut into pieces, piece k over lanes[k % lanes],
-//     each lane on a thread of its own (on loopback, two TCP streams carry a stream of
-//     pieces ~1.5x as fast as one, as a transfer written into tmpfs overlaps another's
-//     receive). Each lane reads a piece into, or receives it into, a buffer of its own,
+//     each lane on a thread of its own (one lane's piece is written while another's
+//     crosses). Each lane reads a piece into, or receives it into, a buffer of its own,
 //     so a transfer holds 2 x lanes x piece_bytes of host memory on each side, never a
 //     checkpoint's worth;
 //  3. a status (shift): the sender's read failure, if any. The receiver commits (the
@@ -35,7 +34,7 @@ namespace stowage::dcp {
 // rank `from` sends lands. A rank with neither takes part in the header and the status
 // alone.
 struct CheckpointTransfer {
-  TORCH_ARG(std::optional<std::string>, send_path);     // a committed checkpoint
+  TORCH_ARG(std::optional<std::string>, send_path);  // a committed checkpoint
   TORCH_ARG(int64_t, to) = 0;
   TORCH_ARG(std::optional<std::string>, receive_path);  // replaced when a checkpoint comes
   TORCH_ARG(int64_t, from) = 0;
