@@ -3,6 +3,7 @@
 #include <stowage/dcp/checkpoint_directory.h>
 #include <stowage/dcp/metadata.h>
 #include <stowage/error.h>
+#include <stowage/memory/host_buffer.h>
 
 #include "util/exception_message.h"
 
@@ -245,8 +246,10 @@ void move_pieces(const CheckpointTransfer& transfer, const dist::ProcessGroup& l
                  Sender* sender, int64_t out_length, Receiver* receiver, int64_t in_length) {
   const int64_t piece = transfer.piece_bytes();
   const int64_t pieces = std::max((out_length + piece - 1) / piece, (in_length + piece - 1) / piece);
-  const at::Tensor out = at::empty({out_length > 0 ? std::min(piece, out_length) : 0}, at::kByte);
-  const at::Tensor in = at::empty({in_length > 0 ? std::min(piece, in_length) : 0}, at::kByte);
+  memory::HostAllocOptions counted;
+  counted.use = memory::HostBufferUse::kCheckpoint;
+  const at::Tensor out = memory::allocate_host({std::min(piece, out_length)}, at::kByte, counted);
+  const at::Tensor in = memory::allocate_host({std::min(piece, in_length)}, at::kByte, counted);
   for (int64_t k = static_cast<int64_t>(index); k < pieces; k += static_cast<int64_t>(lanes)) {
     const int64_t out_bytes = std::clamp<int64_t>(out_length - k * piece, 0, piece);
     const int64_t in_bytes = std::clamp<int64_t>(in_length - k * piece, 0, piece);
@@ -277,6 +280,11 @@ void move_all_pieces(const CheckpointTransfer& transfer, const std::vector<dist:
 }
 
 }  // namespace
+
+int64_t transfer_buffer_bytes(int64_t lanes, int64_t piece_bytes, int64_t out_bytes, int64_t in_bytes) {
+  return lanes * (memory::host_allocation_bytes(std::min(piece_bytes, out_bytes)) +
+                  memory::host_allocation_bytes(std::min(piece_bytes, in_bytes)));
+}
 
 TransferOutcome transfer_checkpoint(const CheckpointTransfer& transfer, const std::vector<dist::ProcessGroup>& lanes,
                                     Env& env) {

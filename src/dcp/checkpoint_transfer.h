@@ -10,8 +10,8 @@
 //  2. the files' bytes as one stream cut into pieces, piece k over lanes[k % lanes],
 //     each lane on a thread of its own (one lane's piece is written while another's
 //     crosses). Each lane reads a piece into, or receives it into, a buffer of its own,
-//     so a transfer holds 2 x lanes x piece_bytes of host memory on each side, never a
-//     checkpoint's worth;
+//     so a transfer holds at most 2 x lanes x piece_bytes of host memory on a rank, never
+//     a checkpoint's worth (transfer_buffer_bytes);
 //  3. a status (shift): the sender's read failure, if any. The receiver commits (the
 //     metadata, received last, written under a temporary name renamed into place) only
 //     when every byte was read, received and written.
@@ -54,6 +54,11 @@ struct TransferOutcome {
   // rank's writes (an uncommitted directory is left, as a torn write leaves one).
   std::string receive_error;
 };
+
+// The host memory a transfer holds on a rank (its lanes' buffers, counted as
+// memory::HostBufferUse::kCheckpoint) when it sends a checkpoint of `out_bytes` and
+// receives one of `in_bytes`.
+int64_t transfer_buffer_bytes(int64_t lanes, int64_t piece_bytes, int64_t out_bytes, int64_t in_bytes);
 
 // Collective over `lanes`: every rank calls it, each with its own `to` and `from`, which
 // pair up as in ProcessGroup::shift. Files are read and made through `env`. Throws

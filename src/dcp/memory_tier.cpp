@@ -301,6 +301,10 @@ void MemoryTier::clear() {
   }
 }
 
+int64_t MemoryTier::replication_buffer_bytes(int64_t own_bytes, int64_t replica_bytes) {
+  return transfer_buffer_bytes(kTransferLanes, CheckpointTransfer().piece_bytes(), own_bytes, replica_bytes);
+}
+
 int64_t MemoryTier::held_bytes() const {
   const Rep& r = *rep_;
   int64_t bytes = tree_bytes(r.own_directory(), r.env());

@@ -124,6 +124,11 @@ bool is_pinned(const at::Tensor& tensor) {
 #endif
 }
 
+int64_t host_allocation_bytes(int64_t nbytes) {
+  const auto page = static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+  return (nbytes + page - 1) / page * page;
+}
+
 at::Tensor allocate_host(c10::IntArrayRef sizes, c10::ScalarType dtype, HostAllocOptions options) {
   int64_t numel = 1;
   for (const int64_t size : sizes) {
@@ -137,8 +142,7 @@ at::Tensor allocate_host(c10::IntArrayRef sizes, c10::ScalarType dtype, HostAllo
   if (nbytes == 0) {
     return at::empty(sizes, tensor_options);
   }
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  const size_t mapped = (nbytes + page - 1) / page * page;
+  const auto mapped = static_cast<size_t>(host_allocation_bytes(static_cast<int64_t>(nbytes)));
 #if TORCH_VERSION_MAJOR >= 2
   if (options.pin_memory && !options.share_memory) {
     if (at::HostAllocator* allocator = pinned_allocator_for(options.pin_for)) {

@@ -1,6 +1,7 @@
 #include "train/checkpoint_host_budget.h"
 
 #include <stowage/byte_count.h>
+#include <stowage/dcp/memory_tier.h>
 #include <stowage/dcp/metadata.h>
 #include <stowage/error.h>
 
@@ -47,16 +48,18 @@ int64_t checkpoint_file_bytes(const dcp::StagingFootprint& footprint) {
 }
 
 int64_t memory_tier_reserve(int64_t keep_last, int64_t own_bytes, std::optional<int64_t> replica_bytes) {
-  return (keep_last + 1) * (own_bytes + replica_bytes.value_or(0));
+  const int64_t files = (keep_last + 1) * (own_bytes + replica_bytes.value_or(0));
+  return files + (replica_bytes ? dcp::MemoryTier::replication_buffer_bytes(own_bytes, *replica_bytes) : 0);
 }
 
 int64_t staging_budget(int64_t budget, const dcp::StagingFootprint& footprint, int64_t tier_reserve) {
   const int64_t smallest = footprint.largest_entry_bytes + tier_reserve;
   if (budget < smallest) {
-    const std::string tier =
-        tier_reserve > 0 ? fmt::format(", plus {} for the memory tier's checkpoints (keep_last + 1, own and replicas)",
-                                       bytes_exactly(tier_reserve))
-                         : "";
+    const std::string tier = tier_reserve > 0 ? fmt::format(
+                                                    ", plus {} for the memory tier's checkpoints (keep_last + 1, own "
+                                                    "and replicas, and a replication's buffers)",
+                                                    bytes_exactly(tier_reserve))
+                                              : "";
     throw InvalidArgument(fmt::format(
         "TrainerOptions: checkpoint_host_budget_bytes of {} is too small; the smallest that fits is {}: the largest "
         "entry, '{}' of {}, staged whole{}",

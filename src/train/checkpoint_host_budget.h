@@ -24,7 +24,7 @@ int64_t checkpoint_file_bytes(const dcp::StagingFootprint& footprint);
 
 // What the memory tier may hold at its most: keep_last + 1 checkpoints (the newest is
 // written before the oldest goes) of this rank's state, and as many of its source's
-// (`replica_bytes`, a checkpoint's; nothing without a peer).
+// (`replica_bytes`, a checkpoint's; nothing without a peer), with a replication's buffers.
 int64_t memory_tier_reserve(int64_t keep_last, int64_t own_bytes, std::optional<int64_t> replica_bytes);
 
 // The staging budget that `budget` leaves after the tier's reserve. Throws

@@ -9,6 +9,7 @@
 
 #include <stowage/dcp/checkpoint.h>
 #include <stowage/dcp/filesystem.h>
+#include <stowage/memory/host_buffer.h>
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/zeros.h>
@@ -128,6 +129,31 @@ TEST(CheckpointTransfer, AWriteThatFailsPartWayCommitsNothing) {
   EXPECT_FALSE(fs::exists(metadata_path(received_path(dir, 2))));
   EXPECT_EQ(outcomes[1].send_error, "");
   EXPECT_TRUE(outcomes[0].committed && outcomes[1].committed);
+}
+
+// The budget of train::TrainerOptions reserves transfer_buffer_bytes for a replication:
+// the lanes' buffers are counted as checkpoint memory, and they are all a transfer holds.
+// One rank sends to itself, so that no other rank's buffers are counted with its own.
+TEST(CheckpointTransfer, ItsBuffersAreCountedAsCheckpointMemoryAndAreNeverAWholeCheckpoint) {
+  const ScratchDir dir;
+  save_sent_checkpoints(dir);
+  int64_t checkpoint_bytes = 0;
+  for (const std::string& name : list_files(sent_path(dir, 0))) {
+    checkpoint_bytes += static_cast<int64_t>(fs::file_size(sent_path(dir, 0) + "/" + name));
+  }
+  int64_t peak = 0;
+  stowage::testing::run_ranks(1, [&](const dist::ProcessGroup& group) {
+    const std::vector<dist::ProcessGroup> lanes{group.new_group("lane-0"), group.new_group("lane-1")};
+    memory::reset_peak_host_buffer_stats();
+    const int64_t before = memory::host_buffer_stats().checkpoint_bytes;
+    const CheckpointTransfer to_itself =
+        CheckpointTransfer().send_path(sent_path(dir, 0)).receive_path(received_path(dir, 0)).piece_bytes(1000);
+    EXPECT_TRUE(transfer_checkpoint(to_itself, lanes, *Env::posix()).committed);
+    peak = memory::host_buffer_stats().checkpoint_peak_bytes - before;
+  });
+  EXPECT_EQ(peak, transfer_buffer_bytes(2, 1000, checkpoint_bytes, checkpoint_bytes));
+  EXPECT_EQ(peak, 2 * 2 * memory::host_allocation_bytes(1000));  // a page for each of 2 x 2 buffers
+  EXPECT_LT(peak, checkpoint_bytes);
 }
 
 // An uncommitted checkpoint is not sent: its receiver hears of none, and keeps what it had.

@@ -186,6 +186,11 @@ class MemoryTier {
 
   // Removes this rank's own checkpoints and the replicas it holds (a run that ended).
   void clear();
+  // The host memory a replication holds on a rank besides the tier's files, at most: its
+  // buffers for sending a checkpoint of `own_bytes` and receiving one of `replica_bytes`
+  // (pieces of each, never a whole one), counted as memory::HostBufferUse::kCheckpoint.
+  static int64_t replication_buffer_bytes(int64_t own_bytes, int64_t replica_bytes);
+
   // The bytes of the files of this rank's own checkpoints and of the replicas it holds
   // (spare pages included), as the file system reports them now: the host memory the
   // tier takes on this rank. Not collective: a replication may be writing meanwhile.

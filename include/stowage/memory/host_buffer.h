@@ -55,6 +55,10 @@ struct HostTensorSpec {
 // Where allocate_host_tensors places each tensor in its arena.
 constexpr int64_t kHostArenaAlignment = 64;
 
+// The bytes allocate_host maps, and host_buffer_stats() counts, for a buffer of `nbytes`:
+// whole pages (none for 0).
+int64_t host_allocation_bytes(int64_t nbytes);
+
 // Contiguous CPU tensors of uninitialised memory, one per spec, in order, carved out of
 // as few allocate_host() allocations (arenas) as fit: tensors are packed in order, each
 // at a kHostArenaAlignment boundary, into arenas of at most `max_arena_bytes`; a tensor

@@ -90,10 +90,10 @@ struct TrainerOptions {
   // Host memory each rank's checkpointing may hold (0: no bound): the staging of storage
   // saves plus the memory tier's own checkpoints and replicas. The tier's share is
   // reserved for its most (keep_last + 1 checkpoints of this rank's state, as many
-  // replicas of its source's while it has a peer); staging gets the rest
-  // (AsyncSaveOptions::staging_budget_bytes) and stages in waves that fit. A budget
-  // smaller than the largest entry plus the tier's share is refused by prepare(), before
-  // the first step, naming the smallest that fits. Until the optimizer's first step its
+  // replicas of its source's and a replication's buffers while it has a peer); staging
+  // gets the rest (AsyncSaveOptions::staging_budget_bytes) and stages in waves that fit.
+  // A budget smaller than the largest entry plus the tier's share is refused by
+  // prepare(), before the first step, naming the smallest that fits. Until the optimizer's first step its
   // state is taken to be AdamW's: two fp32 tensors of each of this rank's parameters. Not
   // with checkpoints().save_options().staging_budget_bytes().
   TORCH_ARG(int64_t, checkpoint_host_budget_bytes) = 0;
