@@ -374,12 +374,10 @@ at::Tensor ProcessGroup::shift(const at::Tensor& bytes, int64_t to, int64_t from
   std::vector<at::Tensor> length_out{at::full({1}, bytes.numel(), at::kLong)};
   std::vector<at::Tensor> length_in{at::empty({1}, at::kLong)};
   send_while_receiving(g, "shift (lengths)", length_out, to, length_in, from);
-  const int64_t incoming = length_in[0].item<int64_t>();
-  // Gloo moves no empty tensor: an empty side sends and receives one byte.
-  std::vector<at::Tensor> data_out{bytes.numel() > 0 ? bytes : at::zeros({1}, at::kByte)};
-  std::vector<at::Tensor> data_in{at::empty({std::max<int64_t>(1, incoming)}, at::kByte)};
+  std::vector<at::Tensor> data_out{bytes};
+  std::vector<at::Tensor> data_in{at::empty({length_in[0].item<int64_t>()}, at::kByte)};
   send_while_receiving(g, "shift", data_out, to, data_in, from);
-  return data_in[0].narrow(0, 0, incoming);
+  return data_in[0];
 }
 
 void ProcessGroup::exchange(const at::Tensor& out, int64_t to, const at::Tensor& in, int64_t from) const {

@@ -141,6 +141,24 @@ TEST(DistProcessGroup, AShiftSendsEachRanksBytesToTheNextRank) {
   });
 }
 
+// exchange() around the same ring, into tensors of the lengths each rank knows: rank 0
+// sends nothing (rank 1 receives nothing), and a rank sending to itself copies.
+TEST(DistProcessGroup, AnExchangeFillsEachRanksTensorWithTheBytesItsFromSent) {
+  testing::run_ranks(3, [](const ProcessGroup& group) {
+    const int64_t rank = group.rank();
+    const auto bytes_of = [](int64_t r) { return at::full({r * 1000}, static_cast<int>(r + 1), at::kByte); };
+    const int64_t from = (rank + 2) % 3;
+    const at::Tensor in = at::zeros({from * 1000}, at::kByte);
+    group.exchange(bytes_of(rank), (rank + 1) % 3, in, from);
+    EXPECT_TRUE(in.equal(bytes_of(from))) << "rank " << rank;
+    const at::Tensor mine = at::zeros({rank * 1000}, at::kByte);
+    group.exchange(bytes_of(rank), rank, mine, rank);
+    EXPECT_TRUE(mine.equal(bytes_of(rank))) << "rank " << rank;
+    EXPECT_THROW(group.exchange(bytes_of(rank), 0, in, 3), InvalidArgument);
+    EXPECT_THROW(group.exchange(bytes_of(rank), 1, at::zeros({2}, at::kFloat), 2), InvalidArgument);
+  });
+}
+
 TEST(DistProcessGroup, AnAttachmentIsMadeOnceAndSharedByTheCopiesOfAGroup) {
   const ProcessGroup group = group_of_one();
   // NOLINTNEXTLINE(performance-unnecessary-copy-initialization): a copy of the group is what this test is about
