@@ -232,6 +232,7 @@ class Receiver {
 };
 
 std::string text_of(const at::Tensor& bytes) {
+  if (bytes.numel() == 0) return {};  // its data_ptr() may be null
   return std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel()));
 }
 
@@ -241,10 +242,20 @@ at::Tensor bytes_of(const std::string& text) {
   return bytes;
 }
 
-// Step 2 on one lane: pieces lane, lane + lanes, ... of both streams.
+// This rank's two streams: the one it sends and the one it receives.
+struct Streams {
+  Sender* sender = nullptr;  // null when out_length is 0
+  int64_t out_length = 0;
+  Receiver* receiver = nullptr;  // null: what comes is dropped (a header that failed)
+  int64_t in_length = 0;
+};
+
+// Step 2 on one lane: pieces index, index + lanes, ... of both streams.
 void move_pieces(const CheckpointTransfer& transfer, const dist::ProcessGroup& lane, size_t index, size_t lanes,
-                 Sender* sender, int64_t out_length, Receiver* receiver, int64_t in_length) {
+                 const Streams& streams) {
   const int64_t piece = transfer.piece_bytes();
+  const int64_t out_length = streams.out_length;
+  const int64_t in_length = streams.in_length;
   const int64_t pieces = std::max((out_length + piece - 1) / piece, (in_length + piece - 1) / piece);
   memory::HostAllocOptions counted;
   counted.use = memory::HostBufferUse::kCheckpoint;
@@ -253,19 +264,21 @@ void move_pieces(const CheckpointTransfer& transfer, const dist::ProcessGroup& l
   for (int64_t k = static_cast<int64_t>(index); k < pieces; k += static_cast<int64_t>(lanes)) {
     const int64_t out_bytes = std::clamp<int64_t>(out_length - k * piece, 0, piece);
     const int64_t in_bytes = std::clamp<int64_t>(in_length - k * piece, 0, piece);
-    if (out_bytes > 0) sender->read(k * piece, out_bytes, static_cast<char*>(out.data_ptr()));
+    if (out_bytes > 0) streams.sender->read(k * piece, out_bytes, static_cast<char*>(out.data_ptr()));
     lane.exchange(out.narrow(0, 0, out_bytes), transfer.to(), in.narrow(0, 0, in_bytes), transfer.from());
-    if (in_bytes > 0 && receiver) receiver->write(k * piece, in_bytes, static_cast<const char*>(in.data_ptr()));
+    if (in_bytes > 0 && streams.receiver) {
+      streams.receiver->write(k * piece, in_bytes, static_cast<const char*>(in.data_ptr()));
+    }
   }
 }
 
 // Step 2 on every lane, the first on this thread; rethrows the first lane's exception.
-void move_all_pieces(const CheckpointTransfer& transfer, const std::vector<dist::ProcessGroup>& lanes, Sender* sender,
-                     int64_t out_length, Receiver* receiver, int64_t in_length) {
+void move_all_pieces(const CheckpointTransfer& transfer, const std::vector<dist::ProcessGroup>& lanes,
+                     const Streams& streams) {
   std::vector<std::exception_ptr> failures(lanes.size());
   const auto run = [&](size_t index) {
     try {
-      move_pieces(transfer, lanes[index], index, lanes.size(), sender, out_length, receiver, in_length);
+      move_pieces(transfer, lanes[index], index, lanes.size(), streams);
     } catch (...) {
       failures[index] = std::current_exception();
     }
@@ -312,8 +325,9 @@ TransferOutcome transfer_checkpoint(const CheckpointTransfer& transfer, const st
       outcome.receive_error = exception_message(failure);
     }
   }
-  move_all_pieces(transfer, lanes, sender ? &*sender : nullptr, sender ? sender->layout().length : 0,
-                  receiver ? &*receiver : nullptr, outcome.came ? stream_length(received) : 0);
+  move_all_pieces(transfer, lanes,
+                  Streams{sender ? &*sender : nullptr, sender ? sender->layout().length : 0,
+                          receiver ? &*receiver : nullptr, outcome.came ? stream_length(received) : 0});
   if (sender) outcome.send_error = sender->error();
   const std::string sender_error =
       text_of(lanes[0].shift(bytes_of(outcome.send_error), transfer.to(), transfer.from()));
