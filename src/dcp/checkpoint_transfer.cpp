@@ -41,7 +41,6 @@ struct StreamLayout {
     files.push_back({std::move(name), file_length, length});
     length += file_length;
   }
-  int64_t pieces(int64_t piece_bytes) const { return (length + piece_bytes - 1) / piece_bytes; }
   // Calls visit(file index, offset in the file, offset in [begin, begin + bytes), bytes)
   // for each file's part of the stream's bytes [begin, begin + bytes).
   void for_each_part(int64_t begin, int64_t bytes,
