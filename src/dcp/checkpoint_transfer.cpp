@@ -243,8 +243,7 @@ at::Tensor bytes_of(const std::string& text) {
 
 // This rank's two streams: the one it sends and the one it receives.
 struct Streams {
-  Sender* sender = nullptr;  // null when out_length is 0
-  int64_t out_length = 0;
+  Sender* sender = nullptr;      // null: nothing to send
   Receiver* receiver = nullptr;  // null: what comes is dropped (a header that failed)
   int64_t in_length = 0;
 };
@@ -253,7 +252,7 @@ struct Streams {
 void move_pieces(const CheckpointTransfer& transfer, const dist::ProcessGroup& lane, size_t index, size_t lanes,
                  const Streams& streams) {
   const int64_t piece = transfer.piece_bytes();
-  const int64_t out_length = streams.out_length;
+  const int64_t out_length = streams.sender ? streams.sender->layout().length : 0;
   const int64_t in_length = streams.in_length;
   const int64_t pieces = std::max((out_length + piece - 1) / piece, (in_length + piece - 1) / piece);
   memory::HostAllocOptions counted;
@@ -263,7 +262,7 @@ void move_pieces(const CheckpointTransfer& transfer, const dist::ProcessGroup& l
   for (int64_t k = static_cast<int64_t>(index); k < pieces; k += static_cast<int64_t>(lanes)) {
     const int64_t out_bytes = std::clamp<int64_t>(out_length - k * piece, 0, piece);
     const int64_t in_bytes = std::clamp<int64_t>(in_length - k * piece, 0, piece);
-    if (out_bytes > 0) streams.sender->read(k * piece, out_bytes, static_cast<char*>(out.data_ptr()));
+    if (streams.sender && out_bytes > 0) streams.sender->read(k * piece, out_bytes, static_cast<char*>(out.data_ptr()));
     lane.exchange(out.narrow(0, 0, out_bytes), transfer.to(), in.narrow(0, 0, in_bytes), transfer.from());
     if (in_bytes > 0 && streams.receiver) {
       streams.receiver->write(k * piece, in_bytes, static_cast<const char*>(in.data_ptr()));
@@ -325,8 +324,8 @@ TransferOutcome transfer_checkpoint(const CheckpointTransfer& transfer, const st
     }
   }
   move_all_pieces(transfer, lanes,
-                  Streams{sender ? &*sender : nullptr, sender ? sender->layout().length : 0,
-                          receiver ? &*receiver : nullptr, outcome.came ? stream_length(received) : 0});
+                  Streams{sender ? &*sender : nullptr, receiver ? &*receiver : nullptr,
+                          outcome.came ? stream_length(received) : 0});
   if (sender) outcome.send_error = sender->error();
   const std::string sender_error =
       text_of(lanes[0].shift(bytes_of(outcome.send_error), transfer.to(), transfer.from()));
